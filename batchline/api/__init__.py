@@ -1,0 +1,1 @@
+"""The user-facing stream API: StreamingContext, Stream, KeyedStream."""

@@ -1,0 +1,101 @@
+"""The pipeline's graph: its inputs and output operations (Spark's DStreamGraph)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING
+
+from batchline.errors import NoOutputOperationError
+from batchline.scheduler.job import Job
+
+if TYPE_CHECKING:
+    from batchline.api.output import OutputOperation
+    from batchline.sources.base import InputStream
+
+__all__ = ["StreamGraph"]
+
+logger = logging.getLogger(__name__)
+
+
+class StreamGraph:
+    def __init__(self, batch_interval_ms: int) -> None:
+        self.batch_interval_ms = batch_interval_ms
+        self.inputs: list[InputStream] = []
+        self.outputs: list[OutputOperation] = []
+        self.zero_time: int | None = None
+        self.remember_ms: int | None = None
+        self._consumed: set[int] = set()
+        self._lock = threading.Lock()
+
+    def add_input(self, stream: InputStream) -> int:
+        with self._lock:
+            self.inputs.append(stream)
+            return len(self.inputs) - 1
+
+    def add_output(self, operation: OutputOperation) -> None:
+        with self._lock:
+            self.outputs.append(operation)
+
+    def unique_output_name(self, name: str) -> str:
+        taken = {op.name for op in self.outputs}
+        if name not in taken:
+            return name
+        n = 2
+        while f"{name}-{n}" in taken:
+            n += 1
+        return f"{name}-{n}"
+
+    def validate(self) -> None:
+        if not self.outputs:
+            raise NoOutputOperationError(
+                "the pipeline has no output operation, so no batch would ever run; add one, "
+                "e.g. stream.foreach_batch(fn), stream.console() or stream.write_files(path)"
+            )
+
+    def is_consumed(self, stream_id: int) -> bool:
+        """Whether some output reads from the stream (known once the graph has started)."""
+        return stream_id in self._consumed
+
+    def start(self, zero_time: int) -> None:
+        self.validate()
+        self.zero_time = zero_time
+        for operation in self.outputs:
+            operation.stream.initialize(zero_time)
+        for stream in self.inputs:
+            if stream.zero_time is None:
+                stream.initialize(zero_time)
+        for operation in self.outputs:
+            operation.stream.remember(self.remember_ms or operation.stream.slide_ms)
+            self._consumed |= operation.stream.ancestors()
+        for stream in self.inputs:
+            stream.start()
+
+    def stop(self) -> None:
+        for stream in self.inputs:
+            stream.stop()
+
+    def allocate_inputs(self, batch_time: int) -> None:
+        """Let every input pick its data (files, offsets, blocks) for the batch."""
+        for stream in self.inputs:
+            stream.allocate(batch_time)
+
+    def generate_jobs(self, batch_time: int) -> list[Job]:
+        """Inputs' preparation jobs first (they read and count), then one job per output."""
+        logger.debug("Generating jobs for time %d ms", batch_time)
+        jobs = [job for stream in self.inputs if (job := stream.prepare_job(batch_time)) is not None]
+        jobs += [job for op in self.outputs if (job := op.generate_job(batch_time)) is not None]
+        logger.debug("Generated %d jobs for time %d ms", len(jobs), batch_time)
+        return jobs
+
+    def clear_metadata(self, batch_time: int) -> None:
+        logger.debug("Clearing metadata for time %d ms", batch_time)
+        for operation in self.outputs:
+            operation.stream.clear_metadata(batch_time)
+        for stream in self.inputs:
+            if not self.is_consumed(stream.stream_id):
+                stream.clear_metadata(batch_time)
+
+    @property
+    def max_input_remember_ms(self) -> int:
+        return max((stream.remember_ms for stream in self.inputs), default=self.batch_interval_ms)

@@ -1,0 +1,33 @@
+"""One summary line per batch, printed by a listener."""
+
+from __future__ import annotations
+
+import sys
+from typing import TextIO
+
+from batchline.batch_time import format_batch_time
+from batchline.scheduler.listener import BatchInfo, StreamingListener
+
+__all__ = ["BatchSummaryPrinter", "summary_line"]
+
+
+def summary_line(info: BatchInfo) -> str:
+    parts = [
+        f"batch {format_batch_time(info.batch_time)}",
+        f"{info.num_records} records",
+        f"scheduling delay {info.scheduling_delay_ms} ms",
+        f"processing time {info.processing_delay_ms} ms",
+    ]
+    if info.dead_letters:
+        parts.append(f"{info.dead_letters} dead letters")
+    if info.failure:
+        parts.append(f"FAILED: {info.failure}")
+    return " | ".join(parts)
+
+
+class BatchSummaryPrinter(StreamingListener):
+    def __init__(self, out: TextIO | None = None) -> None:
+        self._out = out or sys.stdout
+
+    def on_batch_completed(self, info: BatchInfo) -> None:
+        print(summary_line(info), file=self._out, flush=True)

@@ -1,0 +1,91 @@
+"""Batch lifecycle events for listeners (SPEC A4): submitted, started, completed."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field
+
+from batchline.scheduler.input_info import StreamInputInfo
+
+__all__ = ["BatchInfo", "StreamingListener", "ListenerBus"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    batch_time: int
+    submission_time: int
+    processing_start_time: int | None = None
+    processing_end_time: int | None = None
+    input_infos: dict[int, StreamInputInfo] = field(default_factory=dict)
+    failure: str | None = None
+
+    @property
+    def scheduling_delay_ms(self) -> int | None:
+        """From the batch's time until its first job started."""
+        if self.processing_start_time is None:
+            return None
+        return self.processing_start_time - self.batch_time
+
+    @property
+    def processing_delay_ms(self) -> int | None:
+        if self.processing_start_time is None or self.processing_end_time is None:
+            return None
+        return self.processing_end_time - self.processing_start_time
+
+    @property
+    def total_delay_ms(self) -> int | None:
+        if self.processing_end_time is None:
+            return None
+        return self.processing_end_time - self.batch_time
+
+    @property
+    def num_records(self) -> int:
+        return sum(info.num_records or 0 for info in self.input_infos.values())
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(info.dead_letters for info in self.input_infos.values())
+
+
+class StreamingListener:
+    """Override what you need; every method is called on the scheduler's threads, so keep it quick."""
+
+    def on_batch_submitted(self, info: BatchInfo) -> None:
+        pass
+
+    def on_batch_started(self, info: BatchInfo) -> None:
+        pass
+
+    def on_batch_completed(self, info: BatchInfo) -> None:
+        pass
+
+    def on_error(self, error: BaseException) -> None:
+        pass
+
+
+class ListenerBus:
+    """Delivers events synchronously, in order; a listener that raises is logged, not fatal."""
+
+    def __init__(self) -> None:
+        self._listeners: list[StreamingListener] = []
+        self._lock = threading.Lock()
+
+    def add(self, listener: StreamingListener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove(self, listener: StreamingListener) -> None:
+        with self._lock:
+            self._listeners.remove(listener)
+
+    def post(self, method: str, payload: object) -> None:
+        with self._lock:
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                getattr(listener, method)(payload)
+            except Exception:
+                logger.exception("Listener %r failed in %s; continuing", listener, method)

@@ -1,0 +1,1 @@
+"""Outputs: console, files (SPEC C2); foreach_batch is a plain function."""

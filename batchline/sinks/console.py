@@ -1,0 +1,20 @@
+"""Print each batch under a header naming its time."""
+
+from __future__ import annotations
+
+from pyspark.sql import DataFrame
+
+from batchline.batch_time import BatchTime
+
+__all__ = ["ConsoleSink"]
+
+
+class ConsoleSink:
+    def __init__(self, num_rows: int = 20, truncate: bool = True) -> None:
+        self.num_rows = num_rows
+        self.truncate = truncate
+
+    def write(self, df: DataFrame, batch_time: BatchTime) -> None:
+        rule = "-" * 43
+        print(f"{rule}\nBatch: {batch_time}\n{rule}", flush=True)
+        df.show(self.num_rows, truncate=self.truncate)

@@ -1,0 +1,1 @@
+"""Inputs: directory, socket receiver, generator, queue (SPEC B)."""

@@ -1,0 +1,59 @@
+"""Input streams: each picks its data for a batch at batch time, then builds a DataFrame."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from batchline.api.stream import Stream
+from batchline.scheduler.input_info import StreamInputInfo
+from batchline.scheduler.job import Job
+
+if TYPE_CHECKING:
+    from batchline.api.env import PipelineEnv
+
+__all__ = ["InputStream"]
+
+
+class InputStream(Stream):
+    """A source of batches. Subclasses implement ``allocate`` and ``_compute``."""
+
+    def __init__(self, env: PipelineEnv, name: str) -> None:
+        super().__init__(env, ())
+        self.name = name
+        self.input_id = env.graph.add_input(self)
+
+    @property
+    def slide_ms(self) -> int:
+        return self._env.batch_interval_ms
+
+    def start(self) -> None:
+        """Called once when the pipeline starts."""
+
+    def stop(self) -> None:
+        """Called once when the pipeline stops."""
+
+    def allocate(self, batch_time: int) -> None:
+        """Decide which data belongs to ``batch_time`` and report it; runs on the event loop."""
+        self.report(batch_time, num_records=0)
+
+    def prepare_job(self, batch_time: int) -> Job | None:
+        """A job that must run before the batch's outputs (e.g. read, cache and count)."""
+        return None
+
+    def clear_metadata(self, batch_time: int) -> None:
+        super().clear_metadata(batch_time)
+        self.forget_before(batch_time - self.remember_ms)
+
+    def forget_before(self, threshold_time: int) -> None:
+        """Drop what was allocated to batches at or before ``threshold_time``."""
+
+    def report(self, batch_time: int, num_records: int | None, **extra: object) -> None:
+        self._env.report_input(
+            batch_time, StreamInputInfo(self.input_id, self.name, num_records, **extra)  # type: ignore[arg-type]
+        )
+
+    def empty_frame(self, schema: StructType) -> DataFrame:
+        return self._env.spark.createDataFrame([], schema)

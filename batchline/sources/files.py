@@ -1,0 +1,228 @@
+"""New files in a directory or object-store prefix, read once each (SPEC B1, B6).
+
+A file is taken once it is complete: not hidden (``.``/``_``), not a temporary name, and
+either unchanged (size and modification time) since the previous listing or last modified
+at least ``settle_s`` ago. Each batch's rows are parsed in Spark; bad lines become dead
+letters with their reason and raw text.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import fsspec
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import StringType, StructField, StructType
+
+from batchline.api.stream import Stream
+from batchline.batch_time import format_batch_time
+from batchline.errors import ConfigurationError, SourceError
+from batchline.scheduler.job import Job
+from batchline.sources import parsing
+from batchline.sources.base import InputStream
+
+if TYPE_CHECKING:
+    from batchline.api.env import PipelineEnv
+
+__all__ = ["FileInputStream", "DeadLetterStream", "FORMATS"]
+
+logger = logging.getLogger(__name__)
+
+FORMATS = ("json", "csv", "parquet", "text")
+_TEMPORARY_SUFFIXES = (".tmp", ".temp", "._copying_", ".crc", ".part", ".inprogress", ".swp", ".partial")
+_DEAD_LETTERS_LOGGED_PER_BATCH = 20
+
+
+@dataclass(frozen=True)
+class _Listed:
+    size: int
+    mtime: float
+
+
+def _mtime(info: dict[str, Any]) -> float:
+    for key in ("mtime", "LastModified", "last_modified", "modified", "created"):
+        value = info.get(key)
+        if value is not None:
+            return value.timestamp() if hasattr(value, "timestamp") else float(value)
+    return 0.0
+
+
+def _is_visible(name: str) -> bool:
+    base = name.rstrip("/").rsplit("/", 1)[-1]
+    return not base.startswith((".", "_")) and not base.lower().endswith(_TEMPORARY_SUFFIXES)
+
+
+class FileInputStream(InputStream):
+    def __init__(
+        self,
+        env: PipelineEnv,
+        path: str,
+        format: str,
+        schema: StructType | None = None,
+        header: bool = False,
+        sep: str = ",",
+        settle_s: float = 1.0,
+        name: str | None = None,
+        storage_options: dict[str, Any] | None = None,
+    ) -> None:
+        if format not in FORMATS:
+            raise ConfigurationError(f"file format {format!r} is not supported; use one of {', '.join(FORMATS)}")
+        if format == "text":
+            schema = StructType([StructField("value", StringType(), True)])
+        elif schema is None:
+            raise ConfigurationError(
+                f"a {format} file stream needs a schema (a StructType): batches must not change "
+                "shape with the files that happen to arrive"
+            )
+        super().__init__(env, name or f"files:{path}")
+        self.path = path
+        self.format = format
+        self.schema = schema
+        self._header = header
+        self._sep = sep
+        self._settle_s = settle_s
+        self._fs, self._root = fsspec.core.url_to_fs(path, **(storage_options or {}))
+        self._protocol = path.split("://", 1)[0] if "://" in path else "file"
+        self._seen: set[str] = set()
+        self._previous_listing: dict[str, _Listed] = {}
+        self._batch_files: dict[int, list[str]] = {}
+        self._parsed: dict[int, DataFrame] = {}
+        self.dead_letters = DeadLetterStream(self)
+
+    # ---------------------------------------------------------------- allocation
+    def list_new_files(self) -> list[str]:
+        """Complete files not taken yet, in name order."""
+        try:
+            entries = self._fs.ls(self._root, detail=True)
+        except FileNotFoundError:
+            entries = []
+        except OSError as error:
+            raise SourceError(f"cannot list {self.path}: {error}; check the path and its permissions") from error
+        listing = {
+            e["name"]: _Listed(int(e.get("size") or 0), _mtime(e))
+            for e in entries
+            if e.get("type") == "file" and _is_visible(e["name"])
+        }
+        settled_before = time.time() - self._settle_s  # file times are wall-clock times
+        ready = sorted(
+            name
+            for name, listed in listing.items()
+            if name not in self._seen
+            and (self._previous_listing.get(name) == listed or listed.mtime <= settled_before)
+        )
+        self._previous_listing = listing
+        return ready
+
+    def allocate(self, batch_time: int) -> None:
+        files = self.list_new_files()
+        self._seen.update(files)
+        self._batch_files[batch_time] = files
+        if files:
+            logger.info("Batch %s takes %d new files from %s", format_batch_time(batch_time), len(files), self.path)
+        self.report(batch_time, None if files else 0, metadata={"files": files})
+
+    def forget_before(self, threshold_time: int) -> None:
+        for batch_time in [t for t in self._batch_files if t <= threshold_time]:
+            del self._batch_files[batch_time]
+
+    # ---------------------------------------------------------------- reading
+    def _url(self, name: str) -> str:
+        return name if self._protocol == "file" else f"{self._protocol}://{name}"
+
+    def _read(self, files: list[str]) -> DataFrame:
+        reader = self._env.spark.read
+        urls = [self._url(f) for f in files]
+        if self.format == "parquet":
+            frame = reader.schema(self.schema).parquet(*urls)
+            return frame.select(
+                *self.schema.fieldNames(),
+                F.lit(True).alias(parsing.OK),
+                F.lit(None).cast("string").alias(parsing.RAW),
+                F.lit(None).cast("string").alias(parsing.REASON),
+                F.col("_metadata.file_path").alias(parsing.SOURCE_FILE),
+            )
+        lines = reader.text(urls).select("value", F.col("_metadata.file_path").alias(parsing.SOURCE_FILE))
+        if self.format == "json":
+            return parsing.parse_json_lines(lines, self.schema)
+        if self.format == "csv":
+            return parsing.parse_csv_lines(lines, self.schema, self._sep, self._header)
+        return lines.select(
+            "value",
+            F.lit(True).alias(parsing.OK),
+            F.col("value").alias(parsing.RAW),
+            F.lit(None).cast("string").alias(parsing.REASON),
+            F.col(parsing.SOURCE_FILE),
+        )
+
+    def parsed(self, batch_time: int) -> DataFrame | None:
+        """Every parsed line of the batch with its ok flag (None for a batch with no files)."""
+        self.get_or_compute(batch_time)
+        return self._parsed.get(batch_time)
+
+    def _compute(self, batch_time: int) -> DataFrame:
+        files = self._batch_files.get(batch_time, [])
+        if not files:
+            return self.empty_frame(self.schema)
+        parsed = self._read(files).persist(StorageLevel.MEMORY_AND_DISK)
+        self._parsed[batch_time] = parsed
+        return parsed.where(F.col(parsing.OK)).select(*self.schema.fieldNames())
+
+    def _release(self, batch_time: int, df: DataFrame) -> None:
+        parsed = self._parsed.pop(batch_time, None)
+        if parsed is not None:
+            parsed.unpersist()
+
+    def prepare_job(self, batch_time: int) -> Job | None:
+        """Read the batch's files once into the cache, count good and bad lines, and say
+        where the bad ones went."""
+        files = self._batch_files.get(batch_time)
+        if not files:
+            return None
+        parsed = self.parsed(batch_time)
+        assert parsed is not None
+
+        def read_and_count() -> None:
+            counts = {row[0]: row[1] for row in parsed.groupBy(parsing.OK).count().collect()}
+            good, bad = counts.get(True, 0), counts.get(False, 0)
+            self.report(batch_time, good, dead_letters=bad, metadata={"files": files})
+            if bad and not self._env.graph.is_consumed(self.dead_letters.stream_id):
+                self._log_dead_letters(batch_time, bad)
+
+        return Job(batch_time, f"read:{self.name}", read_and_count)
+
+    def _log_dead_letters(self, batch_time: int, bad: int) -> None:
+        sample = self.dead_letters.get_or_compute(batch_time)
+        assert sample is not None
+        rows = sample.limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
+        logger.warning(
+            "Batch %s: %d bad records in %s went to the dead letters; attach an output to "
+            "stream.dead_letters to keep them (first %d follow)",
+            format_batch_time(batch_time), bad, self.path, len(rows),
+        )
+        for row in rows:
+            logger.warning("Dead letter from %s: %s | raw: %s", row.source, row.reason, row.raw_record)
+
+
+class DeadLetterStream(Stream):
+    """The bad records of a file stream: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
+
+    def __init__(self, source: FileInputStream) -> None:
+        super().__init__(source._env, [source])
+
+    def _compute(self, batch_time: int) -> DataFrame:
+        source = self.parents[0]
+        assert isinstance(source, FileInputStream)
+        parsed = source.parsed(batch_time)
+        if parsed is None:
+            return source.empty_frame(parsing.DEAD_LETTER_SCHEMA)
+        return parsed.where(~F.col(parsing.OK)).select(
+            F.col(parsing.RAW).alias("raw_record"),
+            F.col(parsing.REASON).alias("reason"),
+            F.col(parsing.SOURCE_FILE).alias("source"),
+            F.lit(format_batch_time(batch_time)).alias("batch_time"),
+        )

@@ -1,0 +1,118 @@
+"""A receiver of text lines over TCP (SPEC B2) and the stream its blocks feed."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+from typing import TYPE_CHECKING
+
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StringType, StructField, StructType
+
+from batchline.sources.base import InputStream
+from batchline.sources.receiver import Receiver
+
+if TYPE_CHECKING:
+    from batchline.api.env import PipelineEnv
+
+__all__ = ["SocketReceiver", "ReceiverInputStream", "TEXT_SCHEMA"]
+
+logger = logging.getLogger(__name__)
+
+TEXT_SCHEMA = StructType([StructField("value", StringType(), True)])
+
+
+class SocketReceiver(Receiver):
+    """Connects to ``host:port`` and stores every line (UTF-8, without its line ending).
+
+    A dropped or refused connection is retried every ``reconnect_interval_s``. On stop it
+    keeps reading until the socket has been quiet for ``drain_quiet_s``, so every line the
+    peer sent before the stop is stored.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        reconnect_interval_s: float = 1.0,
+        drain_quiet_s: float = 0.1,
+    ) -> None:
+        super().__init__()
+        self.host = host
+        self.port = port
+        self._reconnect_interval_s = reconnect_interval_s
+        self._drain_quiet_s = drain_quiet_s
+        self._thread: threading.Thread | None = None
+        self.lines_received = 0
+
+    def on_start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name=f"SocketReceiver-{self.host}:{self.port}", daemon=True)
+        self._thread.start()
+
+    def on_stop(self) -> None:
+        if self._thread is not None:
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self.is_stopped:
+            try:
+                with socket.create_connection((self.host, self.port), timeout=self._reconnect_interval_s) as conn:
+                    logger.info("Connected to %s:%d", self.host, self.port)
+                    self._read(conn)
+                    if not self.is_stopped:
+                        logger.warning("Connection to %s:%d closed by peer; reconnecting", self.host, self.port)
+            except OSError as error:
+                if self.is_stopped:
+                    return
+                logger.warning(
+                    "Cannot receive from %s:%d (%s); retrying in %.1f s",
+                    self.host, self.port, error, self._reconnect_interval_s,
+                )
+            self._stopped.wait(self._reconnect_interval_s)
+
+    def _read(self, conn: socket.socket) -> None:
+        conn.settimeout(self._drain_quiet_s)
+        pending = b""
+        while True:
+            try:
+                chunk = conn.recv(65536)
+            except TimeoutError:
+                if self.is_stopped:
+                    break  # quiet for drain_quiet_s after the stop: everything sent is in
+                continue
+            if not chunk:
+                break
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                self._store_line(line)
+        if pending:
+            self._store_line(pending)
+
+    def _store_line(self, raw: bytes) -> None:
+        self.store(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
+        self.lines_received += 1
+
+
+class ReceiverInputStream(InputStream):
+    """Rows ``value: string`` from the blocks a receiver stored, as allocated to each batch."""
+
+    def __init__(self, env: PipelineEnv, receiver: Receiver, block_interval_ms: int, name: str) -> None:
+        super().__init__(env, name)
+        self.receiver = receiver
+        self.block_interval_ms = block_interval_ms
+
+    def _records(self, batch_time: int) -> list[str]:
+        tracker = self._env.receiver_tracker
+        assert tracker is not None, "the receiver tracker exists once the context has started"
+        return [r for block in tracker.get_blocks_of_batch(batch_time, self.input_id) for r in block.records]
+
+    def allocate(self, batch_time: int) -> None:
+        self.report(batch_time, len(self._records(batch_time)))
+
+    def _compute(self, batch_time: int) -> DataFrame:
+        records = self._records(batch_time)
+        if not records:
+            return self.empty_frame(TEXT_SCHEMA)
+        return self._env.spark.createDataFrame([(r,) for r in records], TEXT_SCHEMA)
