@@ -73,7 +73,7 @@ class StreamingContext:
         graph = StreamGraph(self.batch_interval_ms)
         if remember is not None:
             graph.remember_ms = parse_duration_ms(remember, "remember duration")
-        self._env = PipelineEnv(spark, self.clock, self.batch_interval_ms, graph)
+        self.env = PipelineEnv(spark, self.clock, self.batch_interval_ms, graph)
         self._listener_bus = ListenerBus()
         self._concurrent_jobs = concurrent_jobs
         self._state = ContextState.INITIALIZED
@@ -104,7 +104,7 @@ class StreamingContext:
         """
         self._check_can_add()
         return FileInputStream(
-            self._env, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
+            self.env, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
             storage_options=storage_options,
         )
 
@@ -124,7 +124,7 @@ class StreamingContext:
         """Records stored by your own :class:`Receiver`, as rows with one column ``value``."""
         self._check_can_add()
         block_ms = parse_duration_ms(block_interval, "block interval")
-        stream = ReceiverInputStream(self._env, receiver, block_ms, name or type(receiver).__name__)
+        stream = ReceiverInputStream(self.env, receiver, block_ms, name or type(receiver).__name__)
         self._receivers.append(stream)
         return stream
 
@@ -141,7 +141,7 @@ class StreamingContext:
         """Deterministic user events ``{id, data, is_last, ts}`` at ``rate`` events per second."""
         self._check_can_add()
         return GeneratorInputStream(
-            self._env, rate, users=users, seed=seed, last_event_probability=last_event_probability,
+            self.env, rate, users=users, seed=seed, last_event_probability=last_event_probability,
             partitions=partitions, name=name,
         )
 
@@ -151,7 +151,7 @@ class StreamingContext:
     ) -> QueueInputStream:
         """One queued DataFrame per batch (or all queued, with ``one_at_a_time=False``)."""
         self._check_can_add()
-        return QueueInputStream(self._env, frames, schema, one_at_a_time, name)
+        return QueueInputStream(self.env, frames, schema, one_at_a_time, name)
 
     def union(self, *streams: Stream) -> Stream:
         if not streams:
@@ -172,7 +172,7 @@ class StreamingContext:
 
     @property
     def graph(self) -> StreamGraph:
-        return self._env.graph
+        return self.env.graph
 
     @property
     def job_generator(self) -> JobGenerator | None:
@@ -180,7 +180,7 @@ class StreamingContext:
 
     @property
     def receiver_tracker(self) -> ReceiverTracker | None:
-        return self._env.receiver_tracker
+        return self.env.receiver_tracker
 
     def _check_can_add(self) -> None:
         if self._state is not ContextState.INITIALIZED:
@@ -197,9 +197,9 @@ class StreamingContext:
                     f"start() called on a {self._state.value} streaming context; a context starts "
                     "once, so create a new one to run again"
                 )
-            self._env.graph.validate()
+            self.env.graph.validate()
             tracker = ReceiverTracker([s.input_id for s in self._receivers])
-            self._env.receiver_tracker = tracker
+            self.env.receiver_tracker = tracker
             settings = SchedulerSettings(
                 batch_interval_ms=self.batch_interval_ms,
                 concurrent_jobs=self._concurrent_jobs,
@@ -207,9 +207,9 @@ class StreamingContext:
                 job_group_prefix=f"batchline-{uuid.uuid4().hex[:8]}",
             )
             self._scheduler = JobScheduler(
-                settings, self.spark, self.clock, self._env.input_info, self._listener_bus, self._fail
+                settings, self.spark, self.clock, self.env.input_info, self._listener_bus, self._fail
             )
-            self._generator = JobGenerator(self._scheduler, self._env.graph, self.clock, tracker, self._env.input_info)
+            self._generator = JobGenerator(self._scheduler, self.env.graph, self.clock, tracker, self.env.input_info)
             self._scheduler.job_generator = self._generator
             for stream in self._receivers:
                 stream.receiver._start(  # noqa: SLF001 - the context supervises its receivers

@@ -34,7 +34,7 @@ class Stream(ABC):
     """A sequence of DataFrames, one per batch (or per slide, for windows)."""
 
     def __init__(self, env: PipelineEnv, parents: Sequence[Stream] = ()) -> None:
-        self._env = env
+        self.env = env
         self.parents: tuple[Stream, ...] = tuple(parents)
         self.stream_id = next(_stream_ids)
         self._generated: dict[int, DataFrame] = {}
@@ -54,6 +54,7 @@ class Stream(ABC):
 
     def _release(self, batch_time: int, df: DataFrame) -> None:
         """Free what a forgotten batch held (cached data, blocks); nothing by default."""
+        return None
 
     def _parent_remember_ms(self) -> int:
         return self.remember_ms
@@ -114,7 +115,7 @@ class Stream(ABC):
     # ---------------------------------------------------------------- transformations
     def transform(self, fn: Callable[..., DataFrame]) -> Stream:
         """Apply ``fn(df)`` or ``fn(df, batch_time)`` to every batch's DataFrame."""
-        return TransformedStream(self._env, [self], fn)
+        return TransformedStream(self.env, [self], fn)
 
     def select(self, *cols: str | Column) -> Stream:
         return self.transform(lambda df: df.select(*cols))
@@ -135,7 +136,7 @@ class Stream(ABC):
                     f"cannot union streams sliding every {self.slide_ms} ms and {other.slide_ms} ms; "
                     "window them to the same slide first"
                 )
-        return TransformedStream(self._env, [self, *others], _union_all)
+        return TransformedStream(self.env, [self, *others], _union_all)
 
     def window(self, window_length: object, slide_interval: object | None = None) -> Stream:
         """Every ``slide_interval``, the rows of the last ``window_length`` (both multiples of
@@ -156,7 +157,7 @@ class Stream(ABC):
         """Call ``fn(df, batch_time)`` for every batch; ``batch_time`` is a stable id (epoch ms)."""
         from batchline.api.output import OutputOperation
 
-        return OutputOperation.register(self._env, self, fn, name or "foreach_batch")
+        return OutputOperation.register(self.env, self, fn, name or "foreach_batch")
 
     def console(self, num_rows: int = 20, truncate: bool = True, name: str | None = None) -> OutputOperation:
         """Print the first rows of every batch under a header with the batch time."""
@@ -218,7 +219,7 @@ def _accepts_batch_time(fn: Callable[..., Any], n_frames: int) -> bool:
 
 class WindowedStream(Stream):
     def __init__(self, parent: Stream, window_length: object, slide_interval: object | None) -> None:
-        super().__init__(parent._env, [parent])
+        super().__init__(parent.env, [parent])
         self.window_ms = parse_duration_ms(window_length, "window length")
         self._slide_ms = (
             parent.slide_ms if slide_interval is None else parse_duration_ms(slide_interval, "slide interval")

@@ -45,7 +45,7 @@ class JobGenerator:
         self._input_info = input_info
         self.batch_interval_ms = scheduler.settings.batch_interval_ms
         self.timer = RecurringTimer(
-            clock, self.batch_interval_ms, lambda t: self._event_loop.post(GenerateJobs(t)), "JobGenerator"
+            clock, self.batch_interval_ms, self._on_timer, "JobGenerator"
         )
         self._event_loop: EventLoop[GeneratorEvent] = EventLoop(
             "JobGenerator", self._process_event, lambda e: scheduler.report_error("Error in job generator", e)
@@ -109,6 +109,12 @@ class JobGenerator:
             return not any(t <= stop_time for t in self._unprocessed)
 
     # ---------------------------------------------------------------- events
+    def _on_timer(self, time: int) -> None:
+        # Counted as unprocessed from the moment it fires, so a graceful stop waits for it.
+        with self._lock:
+            self._unprocessed.add(time)
+        self._event_loop.post(GenerateJobs(time))
+
     def _process_event(self, event: GeneratorEvent) -> None:
         match event:
             case GenerateJobs(time):
@@ -121,8 +127,6 @@ class JobGenerator:
                 self._clear_checkpoint_data(time)
 
     def _generate_jobs(self, time: int) -> None:
-        with self._lock:
-            self._unprocessed.add(time)
         try:
             self._receiver_tracker.allocate_blocks_to_batch(time)
             self._graph.allocate_inputs(time)

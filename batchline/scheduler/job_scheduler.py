@@ -71,17 +71,17 @@ class JobScheduler:
     # ---------------------------------------------------------------- submission
     def submit_job_set(self, job_set: JobSet) -> None:
         if not job_set.jobs:
+            # Still reported: the batch took its input, and listeners see every batch time.
             logger.info("No jobs added for time %d ms", job_set.time)
-            assert self.job_generator is not None
-            self.job_generator.on_batch_completion(job_set.time)
-            return
         with self._lock:
             self._job_sets[job_set.time] = job_set
         self._listener_bus.post("on_batch_submitted", self._info(job_set))
         future = self._executor.submit(self._run_job_set, job_set)
         with self._lock:
             self._futures[job_set.time] = future
-        logger.info("Added jobs for time %d ms", job_set.time)
+        future.add_done_callback(lambda _, t=job_set.time: self._forget_future(t))
+        if job_set.jobs:
+            logger.info("Added jobs for time %d ms", job_set.time)
 
     def report_error(self, message: str, error: BaseException) -> None:
         logger.error("%s: %s", message, error)
@@ -135,10 +135,13 @@ class JobScheduler:
         assert self.job_generator is not None
         self.job_generator.on_batch_completion(job_set.time)
 
+    def _forget_future(self, batch_time: int) -> None:
+        with self._lock:
+            self._futures.pop(batch_time, None)
+
     def _finish(self, job_set: JobSet) -> None:
         with self._lock:
             self._job_sets.pop(job_set.time, None)
-            self._futures.pop(job_set.time, None)
         self._listener_bus.post("on_batch_completed", self._info(job_set))
 
     def _info(self, job_set: JobSet) -> BatchInfo:

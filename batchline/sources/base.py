@@ -27,7 +27,7 @@ class InputStream(Stream):
 
     @property
     def slide_ms(self) -> int:
-        return self._env.batch_interval_ms
+        return self.env.batch_interval_ms
 
     def start(self) -> None:
         """Called once when the pipeline starts."""
@@ -51,9 +51,9 @@ class InputStream(Stream):
         """Drop what was allocated to batches at or before ``threshold_time``."""
 
     def report(self, batch_time: int, num_records: int | None, **extra: object) -> None:
-        self._env.report_input(
+        self.env.report_input(
             batch_time, StreamInputInfo(self.input_id, self.name, num_records, **extra)  # type: ignore[arg-type]
         )
 
     def empty_frame(self, schema: StructType) -> DataFrame:
-        return self._env.spark.createDataFrame([], schema)
+        return self.env.spark.createDataFrame([], schema)

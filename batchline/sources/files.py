@@ -135,7 +135,7 @@ class FileInputStream(InputStream):
         return name if self._protocol == "file" else f"{self._protocol}://{name}"
 
     def _read(self, files: list[str]) -> DataFrame:
-        reader = self._env.spark.read
+        reader = self.env.spark.read
         urls = [self._url(f) for f in files]
         if self.format == "parquet":
             frame = reader.schema(self.schema).parquet(*urls)
@@ -190,7 +190,7 @@ class FileInputStream(InputStream):
             counts = {row[0]: row[1] for row in parsed.groupBy(parsing.OK).count().collect()}
             good, bad = counts.get(True, 0), counts.get(False, 0)
             self.report(batch_time, good, dead_letters=bad, metadata={"files": files})
-            if bad and not self._env.graph.is_consumed(self.dead_letters.stream_id):
+            if bad and not self.env.graph.is_consumed(self.dead_letters.stream_id):
                 self._log_dead_letters(batch_time, bad)
 
         return Job(batch_time, f"read:{self.name}", read_and_count)
@@ -212,7 +212,7 @@ class DeadLetterStream(Stream):
     """The bad records of a file stream: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
 
     def __init__(self, source: FileInputStream) -> None:
-        super().__init__(source._env, [source])
+        super().__init__(source.env, [source])
 
     def _compute(self, batch_time: int) -> DataFrame:
         source = self.parents[0]

@@ -78,7 +78,7 @@ class GeneratorInputStream(InputStream):
     def events(self, start: int, end: int) -> DataFrame:
         """Events ``start`` (inclusive) to ``end`` (exclusive)."""
         assert self.zero_time is not None
-        spark = self._env.spark
+        spark = self.env.spark
         index = F.col("id")
         user = F.pmod(F.xxhash64(F.lit(self.seed), index), F.lit(self.users)).cast("int")
         last_roll = F.pmod(F.xxhash64(F.lit(self.seed + 1), index), F.lit(1_000_000))

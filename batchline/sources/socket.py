@@ -104,7 +104,7 @@ class ReceiverInputStream(InputStream):
         self.block_interval_ms = block_interval_ms
 
     def _records(self, batch_time: int) -> list[str]:
-        tracker = self._env.receiver_tracker
+        tracker = self.env.receiver_tracker
         assert tracker is not None, "the receiver tracker exists once the context has started"
         return [r for block in tracker.get_blocks_of_batch(batch_time, self.input_id) for r in block.records]
 
@@ -115,4 +115,4 @@ class ReceiverInputStream(InputStream):
         records = self._records(batch_time)
         if not records:
             return self.empty_frame(TEXT_SCHEMA)
-        return self._env.spark.createDataFrame([(r,) for r in records], TEXT_SCHEMA)
+        return self.env.spark.createDataFrame([(r,) for r in records], TEXT_SCHEMA)

@@ -1,0 +1,54 @@
+"""Shared test helpers."""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from batchline.clock import ManualClock
+
+
+class LogWatcher(logging.Handler):
+    """Captures formatted log messages of a logger tree and lets a test wait for one."""
+
+    def __init__(self, logger_name: str = "batchline") -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self._changed = threading.Condition()
+        self._logger = logging.getLogger(logger_name)
+
+    def __enter__(self) -> LogWatcher:
+        self._logger.addHandler(self)
+        self._old_level = self._logger.level
+        self._logger.setLevel(logging.DEBUG)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._logger.removeHandler(self)
+        self._logger.setLevel(self._old_level)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with self._changed:
+            self.records.append(record)
+            self._changed.notify_all()
+
+    def messages(self, logger: str | None = None, level: int = logging.INFO) -> list[str]:
+        with self._changed:
+            return [r.getMessage() for r in self.records
+                    if r.levelno >= level and (logger is None or r.name == logger)]
+
+    def wait_for(self, fragment: str, timeout: float = 30) -> None:
+        with self._changed:
+            ok = self._changed.wait_for(lambda: any(fragment in r.getMessage() for r in self.records), timeout)
+        if not ok:
+            raise TimeoutError(f"no log line containing {fragment!r} within {timeout} s")
+
+
+def drive_until_done(clock: ManualClock, thread: threading.Thread, step_ms: int = 100, limit: int = 2000) -> None:
+    """Advance a manual clock step by step until ``thread`` (e.g. a stop()) has finished."""
+    for _ in range(limit):
+        if not thread.is_alive():
+            return
+        clock.advance(step_ms)
+        thread.join(0.01)
+    raise TimeoutError("the thread did not finish while the clock was driven")
