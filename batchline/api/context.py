@@ -100,7 +100,7 @@ class StreamingContext:
         """New files under ``path`` (local or any fsspec URL): json (lines), csv, parquet or text.
 
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
-        A file is taken once it is unchanged between two listings or ``settle`` seconds old.
+        A file is taken once it was last modified ``settle`` seconds ago or more.
         """
         self._check_can_add()
         return FileInputStream(

@@ -1,8 +1,8 @@
 """New files in a directory or object-store prefix, read once each (SPEC B1, B6).
 
 A file is taken once it is complete: not hidden (``.``/``_``), not a temporary name, and
-either unchanged (size and modification time) since the previous listing or last modified
-at least ``settle_s`` ago. Each batch's rows are parsed in Spark; bad lines become dead
+last modified at least ``settle_s`` ago (a writer that pauses longer than that should write
+under a hidden or temporary name and rename when done). Each batch's rows are parsed in Spark; bad lines become dead
 letters with their reason and raw text.
 """
 
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import fsspec
@@ -36,12 +35,6 @@ logger = logging.getLogger(__name__)
 FORMATS = ("json", "csv", "parquet", "text")
 _TEMPORARY_SUFFIXES = (".tmp", ".temp", "._copying_", ".crc", ".part", ".inprogress", ".swp", ".partial")
 _DEAD_LETTERS_LOGGED_PER_BATCH = 20
-
-
-@dataclass(frozen=True)
-class _Listed:
-    size: int
-    mtime: float
 
 
 def _mtime(info: dict[str, Any]) -> float:
@@ -89,7 +82,6 @@ class FileInputStream(InputStream):
         self._fs, self._root = fsspec.core.url_to_fs(path, **(storage_options or {}))
         self._protocol = path.split("://", 1)[0] if "://" in path else "file"
         self._seen: set[str] = set()
-        self._previous_listing: dict[str, _Listed] = {}
         self._batch_files: dict[int, list[str]] = {}
         self._parsed: dict[int, DataFrame] = {}
         self.dead_letters = DeadLetterStream(self)
@@ -103,20 +95,15 @@ class FileInputStream(InputStream):
             entries = []
         except OSError as error:
             raise SourceError(f"cannot list {self.path}: {error}; check the path and its permissions") from error
-        listing = {
-            e["name"]: _Listed(int(e.get("size") or 0), _mtime(e))
-            for e in entries
-            if e.get("type") == "file" and _is_visible(e["name"])
-        }
         settled_before = time.time() - self._settle_s  # file times are wall-clock times
-        ready = sorted(
-            name
-            for name, listed in listing.items()
-            if name not in self._seen
-            and (self._previous_listing.get(name) == listed or listed.mtime <= settled_before)
+        return sorted(
+            e["name"]
+            for e in entries
+            if e.get("type") == "file"
+            and _is_visible(e["name"])
+            and e["name"] not in self._seen
+            and _mtime(e) <= settled_before
         )
-        self._previous_listing = listing
-        return ready
 
     def allocate(self, batch_time: int) -> None:
         files = self.list_new_files()
@@ -195,10 +182,20 @@ class FileInputStream(InputStream):
 
         return Job(batch_time, f"read:{self.name}", read_and_count)
 
+    def dead_letter_frame(self, batch_time: int) -> DataFrame:
+        """The batch's bad records: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
+        parsed = self.parsed(batch_time)
+        if parsed is None:
+            return self.empty_frame(parsing.DEAD_LETTER_SCHEMA)
+        return parsed.where(~F.col(parsing.OK)).select(
+            F.col(parsing.RAW).alias("raw_record"),
+            F.col(parsing.REASON).alias("reason"),
+            F.col(parsing.SOURCE_FILE).alias("source"),
+            F.lit(format_batch_time(batch_time)).alias("batch_time"),
+        )
+
     def _log_dead_letters(self, batch_time: int, bad: int) -> None:
-        sample = self.dead_letters.get_or_compute(batch_time)
-        assert sample is not None
-        rows = sample.limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
+        rows = self.dead_letter_frame(batch_time).limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
         logger.warning(
             "Batch %s: %d bad records in %s went to the dead letters; attach an output to "
             "stream.dead_letters to keep them (first %d follow)",
@@ -213,16 +210,7 @@ class DeadLetterStream(Stream):
 
     def __init__(self, source: FileInputStream) -> None:
         super().__init__(source.env, [source])
+        self.source = source
 
     def _compute(self, batch_time: int) -> DataFrame:
-        source = self.parents[0]
-        assert isinstance(source, FileInputStream)
-        parsed = source.parsed(batch_time)
-        if parsed is None:
-            return source.empty_frame(parsing.DEAD_LETTER_SCHEMA)
-        return parsed.where(~F.col(parsing.OK)).select(
-            F.col(parsing.RAW).alias("raw_record"),
-            F.col(parsing.REASON).alias("reason"),
-            F.col(parsing.SOURCE_FILE).alias("source"),
-            F.lit(format_batch_time(batch_time)).alias("batch_time"),
-        )
+        return self.source.dead_letter_frame(batch_time)
