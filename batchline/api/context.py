@@ -250,7 +250,7 @@ class StreamingContext:
         assert self._generator is not None and self._scheduler is not None
         try:
             for stream in self._receivers:
-                stream.receiver._stop()  # noqa: SLF001 - the context supervises its receivers
+                stream.receiver._stop(graceful)  # noqa: SLF001 - the context supervises its receivers
             self._generator.stop(process_received_data=graceful)
             self._scheduler.shutdown(graceful)
         finally:

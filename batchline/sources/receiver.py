@@ -58,12 +58,13 @@ class Receiver(ABC):
     """Subclass and implement ``on_start``/``on_stop``; call ``store`` from your own threads.
 
     ``on_stop`` must return only once no more ``store`` calls will come: a graceful stop
-    counts on every record stored before it being put into a batch.
+    (``stopping_gracefully``) counts on every record received before it being stored.
     """
 
     def __init__(self) -> None:
         self._block_generator: BlockGenerator | None = None
         self._stopped = threading.Event()
+        self.stopping_gracefully = False
 
     @abstractmethod
     def on_start(self) -> None:
@@ -87,7 +88,8 @@ class Receiver(ABC):
         block_generator.start()
         self.on_start()
 
-    def _stop(self) -> None:
+    def _stop(self, graceful: bool) -> None:
+        self.stopping_gracefully = graceful
         self._stopped.set()
         try:
             self.on_stop()

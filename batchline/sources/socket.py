@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from pyspark.sql import DataFrame
@@ -26,9 +27,10 @@ TEXT_SCHEMA = StructType([StructField("value", StringType(), True)])
 class SocketReceiver(Receiver):
     """Connects to ``host:port`` and stores every line (UTF-8, without its line ending).
 
-    A dropped or refused connection is retried every ``reconnect_interval_s``. On stop it
-    keeps reading until the socket has been quiet for ``drain_quiet_s``, so every line the
-    peer sent before the stop is stored.
+    A dropped or refused connection is retried every ``reconnect_interval_s``. On a graceful
+    stop it keeps reading until the socket has been quiet for ``drain_quiet_s`` (at most
+    ``max_drain_s``), so every line the peer sent before the stop is stored; an immediate
+    stop stops reading at once.
     """
 
     def __init__(
@@ -37,12 +39,14 @@ class SocketReceiver(Receiver):
         port: int,
         reconnect_interval_s: float = 1.0,
         drain_quiet_s: float = 0.1,
+        max_drain_s: float = 5.0,
     ) -> None:
         super().__init__()
         self.host = host
         self.port = port
         self._reconnect_interval_s = reconnect_interval_s
         self._drain_quiet_s = drain_quiet_s
+        self._max_drain_s = max_drain_s
         self._thread: threading.Thread | None = None
         self.lines_received = 0
 
@@ -74,7 +78,16 @@ class SocketReceiver(Receiver):
     def _read(self, conn: socket.socket) -> None:
         conn.settimeout(self._drain_quiet_s)
         pending = b""
+        drain_until: float | None = None
         while True:
+            if self.is_stopped:
+                if not self.stopping_gracefully:
+                    break
+                drain_until = drain_until or time.monotonic() + self._max_drain_s
+                if time.monotonic() > drain_until:
+                    logger.warning("Still receiving from %s:%d %.0f s after a graceful stop; stopping",
+                                   self.host, self.port, self._max_drain_s)
+                    break
             try:
                 chunk = conn.recv(65536)
             except TimeoutError:
