@@ -32,7 +32,7 @@ def test_batch_time_is_a_stable_int_id_with_a_readable_form():
     t = BatchTime(1_700_000_001_000)
     assert t == 1_700_000_001_000 and hash(t) == hash(1_700_000_001_000)
     assert str(t) == "2023-11-14T22:13:21.000Z"
-    assert t.datetime.tzinfo is dt.timezone.utc
+    assert t.datetime.tzinfo is dt.UTC
 
 
 class Fired:
