@@ -16,6 +16,13 @@ from batchline.api.env import PipelineEnv
 from batchline.api.graph import StreamGraph
 from batchline.api.stream import Stream
 from batchline.batch_time import parse_duration_ms
+from batchline.checkpoint.manager import (
+    DEFAULT_KEEP,
+    CheckpointManager,
+    CheckpointSettings,
+    default_checkpoint_interval_ms,
+)
+from batchline.checkpoint.received_blocks import ReceivedBlockLog
 from batchline.clock import Clock, SystemClock
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job_generator import JobGenerator
@@ -48,6 +55,11 @@ class StreamingContext:
     ``batch_interval`` is a duration ("1s", "500ms", a timedelta, or seconds as a number).
     ``graceful_stop_timeout`` defaults to ten batch intervals. ``concurrent_jobs`` is how many
     batches may run at once (1 keeps batches strictly in order). ``clock`` is for tests.
+
+    ``checkpoint`` is a local path or fsspec URL (``s3://...``); with it, a restarted script
+    resumes where the last run stopped. ``checkpoint_interval`` must be a multiple of the
+    batch interval; it defaults to the smallest multiple that is at least 10 seconds.
+    ``keep_checkpoints`` (default 10) are retained; ``checkpoint_storage_options`` go to fsspec.
     """
 
     def __init__(
@@ -59,6 +71,11 @@ class StreamingContext:
         graceful_stop_timeout: object | None = None,
         remember: object | None = None,
         clock: Clock | None = None,
+        checkpoint: str | None = None,
+        checkpoint_interval: object | None = None,
+        keep_checkpoints: int = DEFAULT_KEEP,
+        checkpoint_storage_options: dict[str, Any] | None = None,
+        lease_ttl: object = "15s",
     ) -> None:
         self.spark = spark
         self.batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -70,6 +87,11 @@ class StreamingContext:
             else GRACEFUL_STOP_TIMEOUT_INTERVALS * self.batch_interval_ms
         )
         self.clock = clock or SystemClock()
+        self.checkpoint_settings = _checkpoint_settings(
+            self.batch_interval_ms, checkpoint, checkpoint_interval, keep_checkpoints,
+            checkpoint_storage_options, lease_ttl,
+        )
+        self._checkpoints: CheckpointManager | None = None
         graph = StreamGraph(self.batch_interval_ms)
         if remember is not None:
             graph.remember_ms = parse_duration_ms(remember, "remember duration")
@@ -209,13 +231,30 @@ class StreamingContext:
             self._scheduler = JobScheduler(
                 settings, self.spark, self.clock, self.env.input_info, self._listener_bus, self._fail
             )
-            self._generator = JobGenerator(self._scheduler, self.env.graph, self.clock, tracker, self.env.input_info)
+            checkpoint = None
+            if self.checkpoint_settings is not None:
+                self._checkpoints = CheckpointManager(self.checkpoint_settings, self.clock)
+                checkpoint = self._checkpoints.open()
+                if checkpoint is None:
+                    logger.info("No checkpoint in %s; starting fresh", self._checkpoints.storage.url)
+                for stream in self._receivers:
+                    stream.block_log = ReceivedBlockLog(self._checkpoints.storage, stream.name, stream.input_id)
+            self._generator = JobGenerator(
+                self._scheduler, self.env.graph, self.clock, tracker, self.env.input_info, self._checkpoints
+            )
             self._scheduler.job_generator = self._generator
+            try:
+                self._generator.start(checkpoint)
+            except BaseException:
+                self._generator.stop(process_received_data=False)
+                if self._checkpoints is not None:
+                    self._checkpoints.close()
+                raise
             for stream in self._receivers:
                 stream.receiver._start(  # noqa: SLF001 - the context supervises its receivers
-                    BlockGenerator(stream.input_id, self.clock, stream.block_interval_ms, tracker.add_block)
+                    BlockGenerator(stream.input_id, self.clock, stream.block_interval_ms, stream.store_block,
+                                   stream.next_block_id)
                 )
-            self._generator.start()
             self._state = ContextState.ACTIVE
         logger.info("StreamingContext started (batch interval %d ms)", self.batch_interval_ms)
 
@@ -253,6 +292,8 @@ class StreamingContext:
                 stream.receiver._stop(graceful)  # noqa: SLF001 - the context supervises its receivers
             self._generator.stop(process_received_data=graceful)
             self._scheduler.shutdown(graceful)
+            if self._checkpoints is not None:
+                self._checkpoints.close()
         finally:
             self._terminated.set()
             if stop_spark_session:
@@ -265,3 +306,31 @@ class StreamingContext:
             self._error = error
         threading.Thread(target=self.stop, kwargs={"graceful": False}, name="batchline-stop-on-error",
                          daemon=True).start()
+
+
+def _checkpoint_settings(
+    batch_interval_ms: int,
+    location: str | None,
+    interval: object | None,
+    keep: int,
+    storage_options: dict[str, Any] | None,
+    lease_ttl: object,
+) -> CheckpointSettings | None:
+    if location is None:
+        if interval is not None:
+            raise ConfigurationError("checkpoint_interval was given without a checkpoint location; add checkpoint=...")
+        return None
+    interval_ms = (
+        parse_duration_ms(interval, "checkpoint interval")
+        if interval is not None
+        else default_checkpoint_interval_ms(batch_interval_ms)
+    )
+    if interval_ms % batch_interval_ms:
+        raise ConfigurationError(
+            f"the checkpoint interval ({interval_ms} ms) must be a positive multiple of the batch interval "
+            f"({batch_interval_ms} ms), e.g. {default_checkpoint_interval_ms(batch_interval_ms)} ms"
+        )
+    if keep < 1:
+        raise ConfigurationError(f"keep_checkpoints must be at least 1; got {keep}")
+    return CheckpointSettings(location, interval_ms, keep, parse_duration_ms(lease_ttl, "lease ttl"),
+                              dict(storage_options or {}))

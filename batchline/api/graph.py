@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from batchline.errors import NoOutputOperationError
 from batchline.scheduler.job import Job
@@ -29,7 +29,10 @@ class StreamGraph:
         self._lock = threading.Lock()
 
     def add_input(self, stream: InputStream) -> int:
+        """Register an input; its name becomes unique ("queue", "queue-2", ...): checkpoints
+        find inputs by name."""
         with self._lock:
+            stream.name = _unique(stream.name, {s.name for s in self.inputs})
             self.inputs.append(stream)
             return len(self.inputs) - 1
 
@@ -38,13 +41,7 @@ class StreamGraph:
             self.outputs.append(operation)
 
     def unique_output_name(self, name: str) -> str:
-        taken = {op.name for op in self.outputs}
-        if name not in taken:
-            return name
-        n = 2
-        while f"{name}-{n}" in taken:
-            n += 1
-        return f"{name}-{n}"
+        return _unique(name, {op.name for op in self.outputs})
 
     def validate(self) -> None:
         if not self.outputs:
@@ -80,6 +77,32 @@ class StreamGraph:
         for stream in self.inputs:
             stream.allocate(batch_time)
 
+    def allocations(self, batch_time: int) -> dict[str, dict[str, Any]]:
+        """Every input's allocation for a batch, by input name, for the batch log."""
+        return {stream.name: stream.allocation(batch_time) for stream in self.inputs}
+
+    def restore_allocations(self, batch_time: int, allocations: dict[str, dict[str, Any]], advance: bool) -> None:
+        """Give a batch the allocations the batch log holds (an input new since then gets nothing)."""
+        for stream in self.inputs:
+            if stream.name in allocations:
+                stream.restore_allocation(batch_time, allocations[stream.name], advance)
+            else:
+                stream.report(batch_time, num_records=0)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {stream.name: stream.snapshot() for stream in self.inputs}
+
+    def restore(self, snapshots: dict[str, dict[str, Any]]) -> None:
+        names = {stream.name for stream in self.inputs}
+        for name in sorted(set(snapshots) - names):
+            logger.warning("The checkpoint has input %r, which this pipeline no longer has; its progress is dropped",
+                           name)
+        for stream in self.inputs:
+            if stream.name in snapshots:
+                stream.restore(snapshots[stream.name])
+            else:
+                logger.info("Input %r is new since the checkpoint; it starts from its beginning", stream.name)
+
     def generate_jobs(self, batch_time: int) -> list[Job]:
         """Inputs' preparation jobs first (they read and count), then one job per output."""
         logger.debug("Generating jobs for time %d ms", batch_time)
@@ -99,3 +122,12 @@ class StreamGraph:
     @property
     def max_input_remember_ms(self) -> int:
         return max((stream.remember_ms for stream in self.inputs), default=self.batch_interval_ms)
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name}-{n}" in taken:
+        n += 1
+    return f"{name}-{n}"

@@ -1,16 +1,21 @@
-"""Generates a job set every batch interval and cleans up after each batch (SPEC A1–A3, A5–A7).
+"""Generates a job set every batch interval and cleans up after each batch (SPEC A1–A3, A5–A8).
 
 Mirrors Spark Streaming's JobGenerator, including its log lines, with time read from an
-injected clock so that every path (including the graceful-stop timeout) runs on a manual clock.
+injected clock so that every path (graceful-stop timeout, restart after down time) runs on
+a manual clock. With checkpointing, each batch's input allocation is written to the batch
+log before its jobs run and a commit marker after they succeed; checkpoints are written on
+the checkpoint interval by a writer thread of their own.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
+from batchline.errors import ConfigurationError
 from batchline.scheduler.event_loop import EventLoop
 from batchline.scheduler.events import ClearCheckpointData, ClearMetadata, DoCheckpoint, GenerateJobs, GeneratorEvent
 from batchline.scheduler.job import JobSet
@@ -18,6 +23,7 @@ from batchline.scheduler.timer import RecurringTimer
 
 if TYPE_CHECKING:
     from batchline.api.graph import StreamGraph
+    from batchline.checkpoint.manager import CheckpointManager
     from batchline.scheduler.input_info import InputInfoTracker
     from batchline.scheduler.job_scheduler import JobScheduler
     from batchline.scheduler.receiver_tracker import ReceiverTracker
@@ -29,6 +35,10 @@ logger = logging.getLogger(__name__)
 STOP_POLL_MS = 100
 
 
+def _times(times: list[int]) -> str:
+    return ", ".join(f"{t} ms" for t in times)
+
+
 class JobGenerator:
     def __init__(
         self,
@@ -37,35 +47,96 @@ class JobGenerator:
         clock: Clock,
         receiver_tracker: ReceiverTracker,
         input_info: InputInfoTracker,
+        checkpoints: CheckpointManager | None = None,
     ) -> None:
         self._scheduler = scheduler
         self._graph = graph
         self._clock = clock
         self._receiver_tracker = receiver_tracker
         self._input_info = input_info
+        self._checkpoints = checkpoints
         self.batch_interval_ms = scheduler.settings.batch_interval_ms
-        self.timer = RecurringTimer(
-            clock, self.batch_interval_ms, self._on_timer, "JobGenerator"
-        )
+        self.timer = RecurringTimer(clock, self.batch_interval_ms, self._on_timer, "JobGenerator")
         self._event_loop: EventLoop[GeneratorEvent] = EventLoop(
             "JobGenerator", self._process_event, lambda e: scheduler.report_error("Error in job generator", e)
         )
         self._lock = threading.Lock()
         self._unprocessed: set[int] = set()
+        self._logged: dict[int, dict[str, dict[str, Any]]] = {}
+        """Allocations from the batch log for batches a restart re-runs."""
         self.last_processed_batch: int | None = None
         self.start_time: int | None = None
+        self.rescheduled: list[int] = []
 
     # ---------------------------------------------------------------- lifecycle
-    def start(self) -> None:
+    def start(self, checkpoint: Checkpoint | None = None) -> None:
         self._event_loop.start()
-        self._start_first_time()
+        if checkpoint is not None:
+            self._restart(checkpoint)
+        else:
+            self._start_first_time()
 
     def _start_first_time(self) -> None:
         start_time = self.timer.get_start_time()
-        self._graph.start(start_time - self.batch_interval_ms)
+        zero_time = start_time - self.batch_interval_ms
+        self._graph.start(zero_time)
+        if self._checkpoints is not None:
+            # The first checkpoint, at zero time, is written before any batch: a crash at
+            # any later moment restarts from a checkpoint, never from nothing.
+            assert self._checkpoints.writer is not None
+            self._checkpoints.writer.write_now(self._make_checkpoint(zero_time))
         self.timer.start(start_time)
         self.start_time = start_time
         logger.info("Started JobGenerator at %d ms", start_time)
+
+    def _restart(self, checkpoint: Checkpoint) -> None:
+        """Resume from a checkpoint: re-run logged but uncommitted batches with their logged
+        inputs, generate the batches missed during down time, then go on with the timer."""
+        assert self._checkpoints is not None
+        if checkpoint.batch_interval_ms != self.batch_interval_ms:
+            raise ConfigurationError(
+                f"the checkpoint at {self._checkpoints.storage.url} was written with a batch interval of "
+                f"{checkpoint.batch_interval_ms} ms, but this pipeline uses {self.batch_interval_ms} ms; "
+                "keep the interval, or start from a new checkpoint location"
+            )
+        batch_log = self._checkpoints.batch_log
+        self._graph.start(checkpoint.zero_time)
+        self._graph.restore(checkpoint.inputs)
+        interval = self.batch_interval_ms
+        # Batches a window may still need: give them their allocations back (without
+        # advancing the sources, whose checkpointed position already includes them).
+        window_start = max(checkpoint.zero_time + interval,
+                           checkpoint.time - self._graph.max_input_remember_ms + interval)
+        for past in range(window_start, checkpoint.time + 1, interval):
+            allocations = batch_log.read_batch(past)
+            if allocations is not None:
+                self._graph.restore_allocations(past, allocations, advance=False)
+                self._logged[past] = allocations
+        # Batches logged after the checkpoint: advance the sources past them.
+        last_logged = checkpoint.time
+        while (allocations := batch_log.read_batch(last_logged + interval)) is not None:
+            last_logged += interval
+            self._graph.restore_allocations(last_logged, allocations, advance=True)
+            self._logged[last_logged] = allocations
+        for stream in self._graph.inputs:
+            stream.recover_after_restart()
+
+        restart_time = self.timer.get_restart_time(checkpoint.zero_time)
+        down_times = list(range(last_logged + interval, restart_time, interval))
+        logger.info("Batches during down time (%d batches): %s", len(down_times), _times(down_times))
+        candidates = sorted(set(checkpoint.pending_times) | {t for t in self._logged if t > checkpoint.time})
+        pending = [t for t in candidates if t < restart_time and not batch_log.is_committed(t)]
+        logger.info("Batches pending processing (%d batches): %s", len(pending), _times(pending))
+        for done in set(self._logged) - set(pending):
+            self._logged.pop(done)
+        to_reschedule = sorted(set(pending) | set(down_times))
+        logger.info("Batches to reschedule (%d batches): %s", len(to_reschedule), _times(to_reschedule))
+        self.rescheduled = to_reschedule
+        for batch_time in to_reschedule:
+            self._on_timer(batch_time)
+        self.timer.start(restart_time)
+        self.start_time = restart_time
+        logger.info("Restarted JobGenerator at %d ms", restart_time)
 
     def stop(self, process_received_data: bool) -> None:
         if not self._event_loop.is_active:
@@ -128,8 +199,14 @@ class JobGenerator:
 
     def _generate_jobs(self, time: int) -> None:
         try:
-            self._receiver_tracker.allocate_blocks_to_batch(time)
-            self._graph.allocate_inputs(time)
+            logged = self._logged.pop(time, None)
+            if logged is not None:
+                self._graph.restore_allocations(time, logged, advance=False)
+            else:
+                self._receiver_tracker.allocate_blocks_to_batch(time)
+                self._graph.allocate_inputs(time)
+                if self._checkpoints is not None:
+                    self._checkpoints.log_batch(time, self._graph.allocations(time))
             jobs = self._graph.generate_jobs(time)
         except Exception as error:
             self._scheduler.report_error(f"Error generating jobs for time {time}", error)
@@ -139,18 +216,56 @@ class JobGenerator:
         self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=False))
 
     def on_batch_completion(self, time: int) -> None:
+        """Called on the job thread once every job of the batch succeeded."""
+        if self._checkpoints is not None:
+            self._checkpoints.commit_batch(time)
         self._event_loop.post(ClearMetadata(time))
 
     def _clear_metadata(self, time: int) -> None:
         self._graph.clear_metadata(time)
-        # Checkpointing is off: clean the trackers now rather than after a checkpoint.
-        self._clear_trackers_and_mark_processed(time)
+        if self._checkpoints is not None:
+            self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=True))
+        else:
+            self._clear_trackers_and_mark_processed(time)
 
     def _do_checkpoint(self, time: int, clear_checkpoint_data_later: bool) -> None:
-        """Checkpointing is not configured for this pipeline: there is nothing to write."""
+        manager = self._checkpoints
+        zero_time = self._graph.zero_time
+        assert zero_time is not None
+        if manager is not None and (time - zero_time) % manager.interval_ms == 0:
+            logger.info("Checkpointing graph for time %d ms", time)
+            assert manager.writer is not None
+            on_written = self._post_clear_checkpoint_data if clear_checkpoint_data_later else None
+            manager.writer.write(self._make_checkpoint(time), on_written)
+        elif clear_checkpoint_data_later:
+            self._clear_trackers_and_mark_processed(time)
+
+    def _post_clear_checkpoint_data(self, checkpoint: Checkpoint) -> None:
+        self._event_loop.post(ClearCheckpointData(checkpoint.time))
+
+    def _make_checkpoint(self, time: int) -> Checkpoint:
+        assert self._checkpoints is not None and self._graph.zero_time is not None
+        with self._lock:
+            pending = tuple(sorted(t for t in self._unprocessed if t <= time))
+        return Checkpoint(
+            time=time,
+            zero_time=self._graph.zero_time,
+            batch_interval_ms=self.batch_interval_ms,
+            checkpoint_interval_ms=self._checkpoints.interval_ms,
+            pending_times=pending,
+            inputs=self._graph.snapshot(),
+            outputs=tuple(op.name for op in self._graph.outputs),
+            written_at_ms=self._clock.now_ms(),
+        )
 
     def _clear_checkpoint_data(self, time: int) -> None:
         self._clear_trackers_and_mark_processed(time)
+        manager = self._checkpoints
+        oldest = manager.writer.oldest_needed_time() if manager is not None and manager.writer else None
+        if manager is not None and oldest is not None:
+            # Any retained checkpoint may be the one a restart falls back to: keep the batch
+            # log back to its oldest pending batch, and as far back as windows reach.
+            manager.batch_log.purge_before(oldest - self._graph.max_input_remember_ms)
 
     def _clear_trackers_and_mark_processed(self, time: int) -> None:
         threshold = time - self._graph.max_input_remember_ms

@@ -43,6 +43,13 @@ class ReceiverTracker:
             self._unallocated = {sid: [] for sid in self._unallocated}
             self._last_allocated_time = batch_time
 
+    def restore_batch(self, batch_time: int, stream_id: int, blocks: list[Block]) -> None:
+        """Give a re-run batch the blocks the batch log says it had."""
+        with self._lock:
+            self._allocated.setdefault(batch_time, {})[stream_id] = list(blocks)
+            if self._last_allocated_time is None or batch_time > self._last_allocated_time:
+                self._last_allocated_time = batch_time
+
     def get_blocks_of_batch(self, batch_time: int, stream_id: int) -> list[Block]:
         with self._lock:
             return list(self._allocated.get(batch_time, {}).get(stream_id, []))

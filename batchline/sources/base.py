@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import logging
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
@@ -16,9 +17,19 @@ if TYPE_CHECKING:
 
 __all__ = ["InputStream"]
 
+logger = logging.getLogger(__name__)
+
 
 class InputStream(Stream):
-    """A source of batches. Subclasses implement ``allocate`` and ``_compute``."""
+    """A source of batches. Subclasses implement ``allocate`` and ``_compute``.
+
+    Recovery contract (all JSON, never pickles): ``allocation(t)`` says what batch ``t``
+    took, ``restore_allocation`` gives a batch exactly that again after a restart, and
+    ``snapshot``/``restore`` carry the source's position in a checkpoint. A source that
+    cannot replay (``replayable = False``) loses the data of batches it must re-run.
+    """
+
+    replayable = False
 
     def __init__(self, env: PipelineEnv, name: str) -> None:
         super().__init__(env, ())
@@ -38,6 +49,28 @@ class InputStream(Stream):
     def allocate(self, batch_time: int) -> None:
         """Decide which data belongs to ``batch_time`` and report it; runs on the event loop."""
         self.report(batch_time, num_records=0)
+
+    def allocation(self, batch_time: int) -> dict[str, Any]:
+        """What ``allocate`` chose for ``batch_time``, to be written to the batch log."""
+        return {}
+
+    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
+        """Give ``batch_time`` the logged allocation; with ``advance`` also move the source's
+        position past it (a batch logged after the checkpoint)."""
+        if not self.replayable:
+            logger.warning("Input %s cannot replay batch %d: it re-runs without this input's data", self.name,
+                           batch_time)
+        self.report(batch_time, num_records=0)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The source's position, for a checkpoint."""
+        return {}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Go back to a position that ``snapshot`` returned."""
+
+    def recover_after_restart(self) -> None:
+        """Take back data received but not yet in any batch when the last driver died."""
 
     def prepare_job(self, batch_time: int) -> Job | None:
         """A job that must run before the batch's outputs (e.g. read, cache and count)."""

@@ -51,6 +51,8 @@ def _is_visible(name: str) -> bool:
 
 
 class FileInputStream(InputStream):
+    replayable = True
+
     def __init__(
         self,
         env: PipelineEnv,
@@ -62,7 +64,10 @@ class FileInputStream(InputStream):
         settle_s: float = 1.0,
         name: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        max_files_per_batch: int | None = None,
     ) -> None:
+        if max_files_per_batch is not None and max_files_per_batch <= 0:
+            raise ConfigurationError(f"max_files_per_batch must be positive; got {max_files_per_batch}")
         if format not in FORMATS:
             raise ConfigurationError(f"file format {format!r} is not supported; use one of {', '.join(FORMATS)}")
         if format == "text":
@@ -79,6 +84,7 @@ class FileInputStream(InputStream):
         self._header = header
         self._sep = sep
         self._settle_s = settle_s
+        self.max_files_per_batch = max_files_per_batch
         self._fs, self._root = fsspec.core.url_to_fs(path, **(storage_options or {}))
         self._protocol = path.split("://", 1)[0] if "://" in path else "file"
         self._seen: set[str] = set()
@@ -106,12 +112,26 @@ class FileInputStream(InputStream):
         )
 
     def allocate(self, batch_time: int) -> None:
-        files = self.list_new_files()
-        self._seen.update(files)
-        self._batch_files[batch_time] = files
+        files = self.list_new_files()[: self.max_files_per_batch]
         if files:
             logger.info("Batch %s takes %d new files from %s", format_batch_time(batch_time), len(files), self.path)
+        self.restore_allocation(batch_time, {"files": files}, advance=True)
+
+    def allocation(self, batch_time: int) -> dict[str, Any]:
+        return {"files": self._batch_files[batch_time]}
+
+    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
+        files = list(allocation["files"])
+        self._batch_files[batch_time] = files
+        if advance:
+            self._seen.update(files)
         self.report(batch_time, None if files else 0, metadata={"files": files})
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"seen": sorted(self._seen)}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self._seen = set(snapshot["seen"])
 
     def forget_before(self, threshold_time: int) -> None:
         for batch_time in [t for t in self._batch_files if t <= threshold_time]:

@@ -6,7 +6,7 @@ index range; the rows are made by Spark from ``range`` and hash expressions, nev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -31,7 +31,13 @@ USER_EVENT_SCHEMA = StructType(
 
 
 class GeneratorInputStream(InputStream):
-    """UserEvent rows ``{id, data, is_last, ts}``: ``rate`` events per second of stream time."""
+    """UserEvent rows ``{id, data, is_last, ts}``: ``rate`` events per second of stream time.
+
+    ``max_records_per_batch`` caps a batch (SPEC B4): after down time the backlog is worked
+    off over several batches.
+    """
+
+    replayable = True
 
     def __init__(
         self,
@@ -42,6 +48,7 @@ class GeneratorInputStream(InputStream):
         last_event_probability: float = 0.05,
         partitions: int | None = None,
         name: str = "generator",
+        max_records_per_batch: int | None = None,
     ) -> None:
         if rate < 0:
             raise ConfigurationError(f"generator rate must be >= 0 events per second; got {rate}")
@@ -57,6 +64,9 @@ class GeneratorInputStream(InputStream):
         self.seed = seed
         self.last_event_probability = last_event_probability
         self.partitions = partitions
+        if max_records_per_batch is not None and max_records_per_batch <= 0:
+            raise ConfigurationError(f"max_records_per_batch must be positive; got {max_records_per_batch}")
+        self.max_records_per_batch = max_records_per_batch
         self._ranges: dict[int, tuple[int, int]] = {}
         self._next_index = 0
 
@@ -67,9 +77,26 @@ class GeneratorInputStream(InputStream):
 
     def allocate(self, batch_time: int) -> None:
         start, end = self._next_index, max(self._next_index, self.index_at(batch_time))
+        if self.max_records_per_batch is not None:
+            end = min(end, start + self.max_records_per_batch)
+        self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
+
+    def allocation(self, batch_time: int) -> dict[str, Any]:
+        start, end = self._ranges[batch_time]
+        return {"start": start, "end": end}
+
+    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
+        start, end = int(allocation["start"]), int(allocation["end"])
         self._ranges[batch_time] = (start, end)
-        self._next_index = end
+        if advance:
+            self._next_index = max(self._next_index, end)
         self.report(batch_time, end - start, metadata={"start": start, "end": end})
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"next_index": self._next_index}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self._next_index = int(snapshot["next_index"])
 
     def _compute(self, batch_time: int) -> DataFrame:
         start, end = self._ranges.get(batch_time, (0, 0))

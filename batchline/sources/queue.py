@@ -52,6 +52,9 @@ class QueueInputStream(InputStream):
         self._taken[batch_time] = taken
         self.report(batch_time, None if taken else 0, metadata={"frames": len(taken)})
 
+    def allocation(self, batch_time: int) -> dict[str, int]:
+        return {"frames": len(self._taken.get(batch_time, []))}
+
     def _compute(self, batch_time: int) -> DataFrame:
         frames = self._taken.get(batch_time) or [self.empty_frame(self.schema)]
         result = frames[0]

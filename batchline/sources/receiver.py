@@ -26,13 +26,14 @@ class BlockGenerator:
         clock: Clock,
         block_interval_ms: int,
         push_block: Callable[[Block], None],
+        first_block_id: int = 0,
     ) -> None:
         self._stream_id = stream_id
         self._clock = clock
         self._push_block = push_block
         self._buffer: list[str] = []
         self._lock = threading.Lock()
-        self._ids = itertools.count()
+        self._ids = itertools.count(first_block_id)
         self._timer = RecurringTimer(clock, block_interval_ms, self._cut_block, f"BlockGenerator-{stream_id}")
 
     def start(self) -> None:

@@ -1,0 +1,155 @@
+"""One writer per checkpoint location: a lease with a fencing token (SPEC E5).
+
+The lease file names its holder and a token that grows with every acquisition. A driver
+checks, before every commit, that the lease still carries its own token; a driver that was
+paused or cut off while another took over sees a larger token and stops instead of
+committing. A holder that is gone (its lease expired, or its process is dead on this host)
+can be taken over at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import asdict, dataclass
+
+from batchline.batch_time import format_batch_time
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
+from batchline.clock import Clock
+from batchline.errors import BatchlineError
+
+__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError"]
+
+logger = logging.getLogger(__name__)
+
+LEASE_FILE = "_lease.json"
+
+
+class CheckpointLockedError(BatchlineError):
+    """Another live driver holds the checkpoint location."""
+
+
+class FencedError(BatchlineError):
+    """This driver's lease was taken over: it must not commit anything more."""
+
+
+@dataclass(frozen=True)
+class LeaseRecord:
+    holder: str
+    host: str
+    pid: int
+    token: int
+    expires_at_ms: int
+
+    def describe(self) -> str:
+        return f"{self.holder} (pid {self.pid} on {self.host}, token {self.token})"
+
+
+def _process_is_gone(record: LeaseRecord) -> bool:
+    if record.host != socket.gethostname():
+        return False
+    try:
+        os.kill(record.pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    try:  # a killed child its parent has not reaped yet is a zombie: gone all the same
+        with open(f"/proc/{record.pid}/stat") as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return False
+
+
+class Lease:
+    def __init__(self, storage: CheckpointStorage, clock: Clock, ttl_ms: int = 15_000) -> None:
+        self._storage = storage
+        self._clock = clock
+        self.ttl_ms = ttl_ms
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.token: int | None = None
+        self._stop = threading.Event()
+        self._renewer: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def read(self) -> LeaseRecord | None:
+        if not self._storage.exists(LEASE_FILE):
+            return None
+        try:
+            return LeaseRecord(**unseal(self._storage.read(LEASE_FILE), LEASE_FILE))
+        except (CorruptFileError, TypeError):
+            logger.warning("The lease file in %s is unreadable; treating the location as free", self._storage.url)
+            return None
+
+    def acquire(self) -> int:
+        """Take the lease or raise CheckpointLockedError naming the live holder."""
+        current = self.read()
+        now = self._clock.now_ms()
+        if current is not None and current.holder != self.holder:
+            expired = current.expires_at_ms <= now
+            if not expired and not _process_is_gone(current):
+                raise CheckpointLockedError(
+                    f"checkpoint location {self._storage.url} is held by driver {current.describe()} "
+                    f"until {format_batch_time(current.expires_at_ms)}; stop that driver, or wait for "
+                    "its lease to expire, before starting another on the same location"
+                )
+            logger.info("Taking over the checkpoint lease from %s", current.describe())
+        token = (current.token if current else 0) + 1
+        self._write(token)
+        confirmed = self.read()
+        if confirmed is None or confirmed.holder != self.holder:
+            other = confirmed.describe() if confirmed else "nobody"
+            raise CheckpointLockedError(
+                f"another driver took checkpoint location {self._storage.url} at the same moment: {other}"
+            )
+        self.token = token
+        self._renewer = threading.Thread(target=self._renew_loop, name="batchline-lease", daemon=True)
+        self._renewer.start()
+        logger.info("Holding checkpoint lease on %s with token %d", self._storage.url, token)
+        return token
+
+    def check(self) -> None:
+        """Raise FencedError unless the lease still carries this driver's token."""
+        current = self.read()
+        if current is None or current.holder != self.holder or current.token != self.token:
+            taker = current.describe() if current else "no driver (the lease file is gone)"
+            raise FencedError(
+                f"this driver ({self.holder}, token {self.token}) lost its lease on "
+                f"{self._storage.url} to {taker}; it stops without committing. Run one driver per "
+                "checkpoint location"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        if self._renewer is not None and self._renewer is not threading.current_thread():
+            self._renewer.join()
+        with self._lock:
+            current = self.read()
+            if self.token is not None and current is not None and current.holder == self.holder:
+                self._storage.delete(LEASE_FILE)
+                logger.info("Released checkpoint lease on %s", self._storage.url)
+            self.token = None
+
+    def _write(self, token: int) -> None:
+        record = LeaseRecord(self.holder, socket.gethostname(), os.getpid(), token,
+                             self._clock.now_ms() + self.ttl_ms)
+        self._storage.replace(LEASE_FILE, seal(asdict(record)))
+
+    def _renew_loop(self) -> None:
+        while not self._stop.is_set():
+            if not self._clock.wait_until(self._clock.now_ms() + self.ttl_ms // 3, self._stop):
+                return
+            with self._lock:
+                if self.token is None:
+                    return
+                try:
+                    self.check()
+                    self._write(self.token)
+                except FencedError as error:
+                    logger.error("%s", error)
+                    return
+                except OSError as error:
+                    logger.warning("Could not renew the checkpoint lease (%s); retrying", error)

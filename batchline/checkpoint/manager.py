@@ -1,0 +1,70 @@
+"""Everything a pipeline keeps at its checkpoint location, behind one object."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchline.checkpoint.batch_log import BatchLog
+from batchline.checkpoint.lease import Lease
+from batchline.checkpoint.model import Checkpoint
+from batchline.checkpoint.storage import CheckpointStorage
+from batchline.checkpoint.writer import CheckpointWriter, load_latest_checkpoint
+from batchline.clock import Clock
+
+__all__ = ["CheckpointSettings", "CheckpointManager", "default_checkpoint_interval_ms"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_KEEP = 10
+DEFAULT_MIN_INTERVAL_MS = 10_000
+
+
+def default_checkpoint_interval_ms(batch_interval_ms: int) -> int:
+    """The smallest multiple of the batch interval that is at least ten seconds."""
+    return -(-DEFAULT_MIN_INTERVAL_MS // batch_interval_ms) * batch_interval_ms
+
+
+@dataclass(frozen=True)
+class CheckpointSettings:
+    location: str
+    interval_ms: int
+    keep: int = DEFAULT_KEEP
+    lease_ttl_ms: int = 15_000
+    storage_options: dict[str, Any] = field(default_factory=dict)
+
+
+class CheckpointManager:
+    def __init__(self, settings: CheckpointSettings, clock: Clock) -> None:
+        self.settings = settings
+        self.storage = CheckpointStorage(settings.location, settings.storage_options)
+        self.lease = Lease(self.storage, clock, settings.lease_ttl_ms)
+        self.batch_log = BatchLog(self.storage)
+        self._clock = clock
+        self.writer: CheckpointWriter | None = None
+
+    @property
+    def interval_ms(self) -> int:
+        return self.settings.interval_ms
+
+    def open(self) -> Checkpoint | None:
+        """Take the lease and load the newest valid checkpoint (None: start fresh)."""
+        self.lease.acquire()
+        checkpoint, retained = load_latest_checkpoint(self.storage)
+        self.writer = CheckpointWriter(self.storage, self._clock, self.settings.keep, self.lease.check,
+                                       known=retained)
+        return checkpoint
+
+    def log_batch(self, batch_time: int, allocations: dict[str, dict[str, Any]]) -> None:
+        self.lease.check()
+        self.batch_log.write_batch(batch_time, allocations, self.lease.token)
+
+    def commit_batch(self, batch_time: int) -> None:
+        self.lease.check()
+        self.batch_log.commit(batch_time, self.lease.token)
+
+    def close(self) -> None:
+        if self.writer is not None:
+            self.writer.stop()
+        self.lease.release()
