@@ -129,19 +129,24 @@ class Lease:
         with self._lock:
             current = self.read()
             if self.token is not None and current is not None and current.holder == self.holder:
-                self._storage.delete(LEASE_FILE)
+                # Expired rather than deleted: the next holder's token must still be larger.
+                self._write(self.token, expires_at_ms=0)
                 logger.info("Released checkpoint lease on %s", self._storage.url)
             self.token = None
 
-    def _write(self, token: int) -> None:
-        record = LeaseRecord(self.holder, socket.gethostname(), os.getpid(), token,
-                             self._clock.now_ms() + self.ttl_ms)
+    def _write(self, token: int, expires_at_ms: int | None = None) -> None:
+        if expires_at_ms is None:
+            expires_at_ms = self._clock.now_ms() + self.ttl_ms
+        record = LeaseRecord(self.holder, socket.gethostname(), os.getpid(), token, expires_at_ms)
         self._storage.replace(LEASE_FILE, seal(asdict(record)))
 
     def _renew_loop(self) -> None:
+        # On a fixed schedule (a third of the TTL), so that slow renewals never drift late.
+        next_renewal = self._clock.now_ms() + self.ttl_ms // 3
         while not self._stop.is_set():
-            if not self._clock.wait_until(self._clock.now_ms() + self.ttl_ms // 3, self._stop):
+            if not self._clock.wait_until(next_renewal, self._stop) or self._stop.is_set():
                 return
+            next_renewal += self.ttl_ms // 3
             with self._lock:
                 if self.token is None:
                     return
