@@ -118,16 +118,18 @@ class StreamingContext:
         settle: float = 1.0,
         name: str | None = None,
         storage_options: dict[str, Any] | None = None,
+        max_files_per_batch: int | None = None,
     ) -> FileInputStream:
         """New files under ``path`` (local or any fsspec URL): json (lines), csv, parquet or text.
 
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
         A file is taken once it was last modified ``settle`` seconds ago or more.
+        ``max_files_per_batch`` spreads a backlog (after down time) over several batches.
         """
         self._check_can_add()
         return FileInputStream(
             self.env, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
-            storage_options=storage_options,
+            storage_options=storage_options, max_files_per_batch=max_files_per_batch,
         )
 
     def text_file_stream(self, path: str, **kwargs: Any) -> FileInputStream:
@@ -159,12 +161,14 @@ class StreamingContext:
         last_event_probability: float = 0.05,
         partitions: int | None = None,
         name: str = "generator",
+        max_records_per_batch: int | None = None,
     ) -> GeneratorInputStream:
-        """Deterministic user events ``{id, data, is_last, ts}`` at ``rate`` events per second."""
+        """Deterministic user events ``{id, data, is_last, ts}`` at ``rate`` events per second;
+        ``max_records_per_batch`` spreads a backlog (after down time) over several batches."""
         self._check_can_add()
         return GeneratorInputStream(
             self.env, rate, users=users, seed=seed, last_event_probability=last_event_probability,
-            partitions=partitions, name=name,
+            partitions=partitions, name=name, max_records_per_batch=max_records_per_batch,
         )
 
     def queue_stream(

@@ -1,0 +1,153 @@
+"""Restart from a checkpoint on a manual clock: which batches, in which order, which lines."""
+
+import json
+import os
+import threading
+
+import pytest
+
+from batchline import ConfigurationError, StreamingContext
+from batchline.checkpoint.lease import CheckpointLockedError
+from batchline.clock import ManualClock
+from batchline.testing import BatchRecorder, CollectSink
+from tests.helpers import LogWatcher
+
+GENERATOR = "batchline.scheduler.job_generator"
+
+
+class Pipeline:
+    """The same pipeline code, as a restarted script would build it again."""
+
+    def __init__(self, spark, checkpoint, start_ms, block_at=None, **kwargs):
+        self.clock = ManualClock(start_ms)
+        self.ssc = StreamingContext(spark, "1s", clock=self.clock, checkpoint=str(checkpoint),
+                                    checkpoint_interval="2s", **kwargs)
+        self.recorder = BatchRecorder()
+        self.ssc.add_listener(self.recorder)
+        self.events = self.ssc.generator_stream(rate=10, users=3, max_records_per_batch=15)
+        self.sink = CollectSink()
+        self.release = threading.Event()
+        self.block_at = block_at
+
+        def output(df, batch_time):
+            if batch_time == self.block_at:
+                self.release.wait(60)
+                raise RuntimeError("the driver died in this batch")
+            self.sink(df.select("data"), batch_time)
+
+        self.events.foreach_batch(output, name="collect")
+
+    def run_until(self, batch_time):
+        while self.clock.now_ms() < batch_time:
+            self.clock.advance(min(1000, batch_time - self.clock.now_ms()))
+        self.recorder.wait_for_batch(batch_time)
+
+
+def event_numbers(sink):
+    return sorted(int(row["data"].split("-")[1]) for row in sink.all_rows())
+
+
+def test_restart_reruns_the_pending_batch_then_the_down_time_batches_in_order(spark, tmp_path):
+    first = Pipeline(spark, tmp_path, 10_500, block_at=15_000)
+    first.ssc.start()
+    first.run_until(14_000)
+    first.clock.advance(1000)  # batch 15 000 is logged and starts, then the driver "dies" in it
+    first.recorder.wait_for_event("started", 15_000)
+    stopper = threading.Thread(target=first.ssc.stop)
+    stopper.start()
+    first.release.set()
+    stopper.join(30)
+    assert sorted(first.sink.batches) == [11_000, 12_000, 13_000, 14_000]
+
+    second = Pipeline(spark, tmp_path, 19_500)  # down for 15 000 < t < 20 000
+    with LogWatcher() as logs:
+        second.ssc.start()
+        second.recorder.wait_for_batch(19_000)
+        second.run_until(20_000)
+        second.ssc.stop()
+    lines = logs.messages(GENERATOR)
+    assert "Batches during down time (4 batches): 16000 ms, 17000 ms, 18000 ms, 19000 ms" in lines
+    assert "Batches pending processing (1 batches): 15000 ms" in lines
+    assert ("Batches to reschedule (5 batches): 15000 ms, 16000 ms, 17000 ms, 18000 ms, 19000 ms"
+            in lines)
+    assert "Restarted JobGenerator at 20000 ms" in lines
+    assert [t for kind, t in second.recorder.events if kind == "completed"] == [
+        15_000, 16_000, 17_000, 18_000, 19_000, 20_000]
+    # 10 events/s from zero time 10 000: every event up to 20 000 exactly once, none twice.
+    assert event_numbers(first.sink) + event_numbers(second.sink) == list(range(100))
+
+
+def test_the_backlog_after_down_time_is_spread_under_the_rate_limit(spark, tmp_path):
+    first = Pipeline(spark, tmp_path, 10_500)
+    first.ssc.start()
+    first.run_until(12_000)
+    first.ssc.stop()
+    second = Pipeline(spark, tmp_path, 30_500, concurrent_jobs=1)
+    # A new generator rate after an upgrade: the backlog is 50 events a batch, the cap 15.
+    second.events.rate = 50
+    second.ssc.start()
+    second.recorder.wait_for_batch(30_000)
+    second.ssc.stop()
+    sizes = [len(rows) for t, rows in sorted(second.sink.batches.items())]
+    assert max(sizes) == 15
+    assert event_numbers(first.sink) + event_numbers(second.sink) == list(range(20 + sum(sizes)))
+
+
+def test_checkpoints_are_written_only_on_the_checkpoint_interval(spark, tmp_path):
+    pipeline = Pipeline(spark, tmp_path, 10_500)
+    pipeline.ssc.start()
+    pipeline.run_until(17_000)
+    pipeline.ssc.stop(graceful=False)
+    manifest = json.loads(json.loads((tmp_path / "_manifest.json").read_text())["body"])
+    times = sorted(entry["time"] for entry in manifest["checkpoints"])
+    assert times[0] == 10_000  # the first checkpoint, at zero time, before any batch
+    assert all((t - 10_000) % 2000 == 0 for t in times)
+    assert {12_000, 14_000, 16_000} <= set(times)
+
+
+def test_a_checkpoint_location_without_a_checkpoint_starts_fresh(spark, tmp_path):
+    (tmp_path / "unrelated.txt").write_text("hello")
+    pipeline = Pipeline(spark, tmp_path, 10_500)
+    with LogWatcher() as logs:
+        pipeline.ssc.start()
+        pipeline.run_until(11_000)
+        pipeline.ssc.stop()
+    assert any("No checkpoint in" in m and "starting fresh" in m for m in logs.messages())
+    assert "Started JobGenerator at 11000 ms" in logs.messages(GENERATOR)
+
+
+def test_a_second_driver_on_the_same_location_is_refused(spark, tmp_path):
+    first = Pipeline(spark, tmp_path, 10_500)
+    first.ssc.start()
+    try:
+        second = Pipeline(spark, tmp_path, 10_500)
+        with pytest.raises(CheckpointLockedError, match=f"pid {os.getpid()}"):
+            second.ssc.start()
+    finally:
+        first.ssc.stop()
+
+
+@pytest.mark.parametrize("interval", ["1500ms", "500ms"])
+def test_the_checkpoint_interval_must_be_a_multiple_of_the_batch_interval(spark, tmp_path, interval):
+    with pytest.raises(ConfigurationError, match="positive multiple of the batch interval"):
+        StreamingContext(spark, "1s", checkpoint=str(tmp_path), checkpoint_interval=interval)
+
+
+def test_the_default_checkpoint_interval_is_documented_and_valid(spark, tmp_path):
+    assert StreamingContext(spark, "3s", checkpoint=str(tmp_path)).checkpoint_settings.interval_ms == 12_000
+    assert StreamingContext(spark, "1s", checkpoint=str(tmp_path)).checkpoint_settings.interval_ms == 10_000
+
+
+def test_a_changed_batch_interval_is_refused_on_restart(spark, tmp_path):
+    first = Pipeline(spark, tmp_path, 10_500)
+    first.ssc.start()
+    first.run_until(11_000)
+    first.ssc.stop()
+    ssc = StreamingContext(spark, "2s", clock=ManualClock(20_000), checkpoint=str(tmp_path), checkpoint_interval="2s")
+    ssc.generator_stream(rate=1).foreach_batch(lambda df, t: None)
+    with pytest.raises(ConfigurationError, match="batch interval of 1000 ms, but this pipeline uses 2000 ms"):
+        ssc.start()
+    # The refused driver let go of the lease: the right code starts at once.
+    again = Pipeline(spark, tmp_path, 12_500)
+    again.ssc.start()
+    again.ssc.stop()
