@@ -65,7 +65,14 @@ class CheckpointStorage:
         return f"{self.url}/{relative}"
 
     def exists(self, relative: str) -> bool:
-        return bool(self.fs.exists(self.path(relative)))
+        path = self.path(relative)
+        self._forget_listings(path)
+        return bool(self.fs.exists(path))
+
+    def _forget_listings(self, path: str) -> None:
+        # Object-store clients cache listings; a recovery decision must see the store itself.
+        if not self.is_local:
+            self.fs.invalidate_cache(path)
 
     def read(self, relative: str) -> bytes:
         with self.fs.open(self.path(relative), "rb") as handle:
@@ -116,6 +123,7 @@ class CheckpointStorage:
 
     def list_names(self, relative_dir: str) -> list[str]:
         """Names in a folder, for recovery only (never to find what this process just wrote)."""
+        self._forget_listings(self.path(relative_dir))
         try:
             entries = self.fs.ls(self.path(relative_dir), detail=False)
         except FileNotFoundError:
