@@ -3,6 +3,7 @@
 import json
 import os
 import threading
+import time
 
 import pytest
 
@@ -27,10 +28,10 @@ class Pipeline:
         self.events = self.ssc.generator_stream(rate=10, users=3, max_records_per_batch=15)
         self.sink = CollectSink()
         self.release = threading.Event()
-        self.block_at = block_at
+        self.block_at = block_at if isinstance(block_at, tuple) else (block_at,)
 
         def output(df, batch_time):
-            if batch_time == self.block_at:
+            if batch_time in self.block_at:
                 self.release.wait(60)
                 raise RuntimeError("the driver died in this batch")
             self.sink(df.select("data"), batch_time)
@@ -75,6 +76,32 @@ def test_restart_reruns_the_pending_batch_then_the_down_time_batches_in_order(sp
         15_000, 16_000, 17_000, 18_000, 19_000, 20_000]
     # 10 events/s from zero time 10 000: every event up to 20 000 exactly once, none twice.
     assert event_numbers(first.sink) + event_numbers(second.sink) == list(range(100))
+
+
+def test_batches_pending_at_the_checkpoint_rerun_with_their_logged_inputs(spark, tmp_path):
+    first = Pipeline(spark, tmp_path, 10_500, block_at=(13_000, 14_000))
+    first.ssc.start()
+    first.run_until(12_000)
+    first.clock.advance(1000)
+    first.recorder.wait_for_event("started", 13_000)
+    first.clock.advance(1000)  # 14 000 is generated behind the stuck 13 000; a checkpoint is taken
+    manifest = tmp_path / "_manifest.json"
+    deadline = time.monotonic() + 30
+    while "000000000014000" not in (manifest.read_text() if manifest.exists() else ""):
+        assert time.monotonic() < deadline, "no checkpoint for 14 000"
+        time.sleep(0.01)
+    stopper = threading.Thread(target=first.ssc.stop)
+    stopper.start()
+    first.release.set()
+    stopper.join(30)
+
+    second = Pipeline(spark, tmp_path, 15_500)
+    with LogWatcher() as logs:
+        second.ssc.start()
+        second.recorder.wait_for_batch(15_000)
+        second.ssc.stop()
+    assert "Batches pending processing (2 batches): 13000 ms, 14000 ms" in logs.messages(GENERATOR)
+    assert event_numbers(first.sink) + event_numbers(second.sink) == list(range(50))
 
 
 def test_the_backlog_after_down_time_is_spread_under_the_rate_limit(spark, tmp_path):

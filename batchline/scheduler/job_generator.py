@@ -103,11 +103,12 @@ class JobGenerator:
         self._graph.start(checkpoint.zero_time)
         self._graph.restore(checkpoint.inputs)
         interval = self.batch_interval_ms
-        # Batches a window may still need: give them their allocations back (without
-        # advancing the sources, whose checkpointed position already includes them).
+        # The checkpoint's pending batches and the batches a window may still need get
+        # their logged allocations back, without advancing the sources: the checkpointed
+        # position already includes them.
         window_start = max(checkpoint.zero_time + interval,
                            checkpoint.time - self._graph.max_input_remember_ms + interval)
-        for past in range(window_start, checkpoint.time + 1, interval):
+        for past in sorted(set(checkpoint.pending_times) | set(range(window_start, checkpoint.time + 1, interval))):
             allocations = batch_log.read_batch(past)
             if allocations is not None:
                 self._graph.restore_allocations(past, allocations, advance=False)

@@ -1,0 +1,64 @@
+"""A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
+
+    python tests/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write]
+
+``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
+protocol). ``--kill-after-first-write`` SIGKILLs this process right after the first batch
+with rows has been written, before the batch is committed (once: a marker file remembers).
+"""
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType  # noqa: E402
+
+from batchline import StreamingContext, StreamingListener  # noqa: E402
+from batchline.sinks.files import FileSink  # noqa: E402
+from batchline.spark import local_spark_session  # noqa: E402
+
+SCHEMA = StructType([StructField("id", StringType(), False), StructField("n", IntegerType(), False)])
+
+
+class Progress(StreamingListener):
+    def on_batch_completed(self, info):
+        print(f"completed {info.batch_time} {info.num_records}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("incoming")
+    parser.add_argument("out")
+    parser.add_argument("checkpoint")
+    parser.add_argument("--naive-sink", action="store_true")
+    parser.add_argument("--kill-after-first-write", action="store_true")
+    args = parser.parse_args()
+
+    spark = local_spark_session("local[2]", "chaos-driver", shuffle_partitions=2)
+    ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s")
+    ssc.add_listener(Progress())
+    events = ssc.file_stream(args.incoming, "json", SCHEMA, settle=0, max_files_per_batch=1)
+    marker = Path(args.checkpoint + ".killed")
+    sink = FileSink(args.out, "json")
+
+    def write(df, batch_time):
+        if args.naive_sink:
+            df.write.mode("append").json(args.out)
+        else:
+            sink.write(df, batch_time)
+        if args.kill_after_first_write and not marker.exists() and df.take(1):
+            marker.write_text(str(batch_time))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    events.foreach_batch(write, name="out")
+    print("started", flush=True)
+    ssc.start()
+    ssc.await_termination()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,129 @@
+"""kill -9 a real driver at random moments; the output must equal an uninterrupted run's:
+nothing lost, nothing duplicated."""
+
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+DRIVER = Path(__file__).resolve().parent / "chaos_driver.py"
+FILES, PER_FILE = 30, 20
+
+
+class Driver:
+    def __init__(self, incoming, out, checkpoint, *flags):
+        self.process = subprocess.Popen(
+            [sys.executable, str(DRIVER), str(incoming), str(out), str(checkpoint), *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )
+        self.completed = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            if line.startswith("completed "):
+                self.completed.append(int(line.split()[1]))
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait()
+
+    def wait_exit(self, timeout):
+        return self.process.wait(timeout)
+
+
+def write_inputs(incoming):
+    incoming.mkdir()
+    for f in range(FILES):
+        rows = [{"id": f"f{f:02d}-r{r:02d}", "n": f * PER_FILE + r} for r in range(PER_FILE)]
+        (incoming / f"events-{f:02d}.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def output_ids(out):
+    """What a plain reader sees: every visible JSON part file's rows."""
+    ids = []
+    for directory, subdirs, files in os.walk(out):
+        subdirs[:] = [d for d in subdirs if not d.startswith(("_", "."))]  # readers skip these
+        for name in files:
+            if name.startswith("part-"):
+                text = Path(directory, name).read_text()
+                ids += [json.loads(line)["id"] for line in text.splitlines() if line.strip()]
+    return collections.Counter(ids)
+
+
+def run_to_completion(incoming, out, checkpoint, *flags, timeout=180):
+    """Run a driver until every input record is in the output and a few more batches passed."""
+    expected = FILES * PER_FILE
+    driver = Driver(incoming, out, checkpoint, *flags)
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if driver.process.poll() is not None:
+                return driver
+            if sum(output_ids(out).values()) >= expected and len(driver.completed) >= 3:
+                seen = len(driver.completed)
+                while len(driver.completed) < seen + 2 and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                return driver
+            time.sleep(0.2)
+        raise TimeoutError(f"the driver did not finish the input; output has {sum(output_ids(out).values())}")
+    finally:
+        driver.kill()
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    write_inputs(tmp_path / "in")
+    return tmp_path / "in"
+
+
+def test_random_kill_9s_lose_and_duplicate_nothing(tmp_path, inputs):
+    reference = tmp_path / "reference-out"
+    run_to_completion(inputs, reference, tmp_path / "reference-checkpoint")
+    expected = output_ids(reference)
+    assert sorted(expected) == sorted(f"f{f:02d}-r{r:02d}" for f in range(FILES) for r in range(PER_FILE))
+    assert set(expected.values()) == {1}
+
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    rng = random.Random(20261121)
+    kills, kills_mid_run = 0, 0
+    for _ in range(22):
+        driver = Driver(inputs, out, checkpoint)
+        # Anywhere from JVM start-up through batch generation, jobs and checkpoint writes.
+        time.sleep(rng.uniform(0.3, 7.5))
+        if driver.completed:
+            kills_mid_run += 1
+        driver.kill()
+        kills += 1
+    run_to_completion(inputs, out, checkpoint)
+    got = output_ids(out)
+    assert kills >= 20 and kills_mid_run >= 10, (kills, kills_mid_run)
+    duplicated = {k: v for k, v in got.items() if v > 1}
+    missing = set(expected) - set(got)
+    assert not duplicated, f"duplicated records: {sorted(duplicated)[:10]}"
+    assert not missing, f"lost records: {sorted(missing)[:10]}"
+    assert got == expected
+
+
+def test_the_same_kill_duplicates_output_without_the_commit_protocol(tmp_path, inputs):
+    """The kill lands after a batch's output was written and before the batch committed."""
+    naive_out = tmp_path / "naive-out"
+    first = Driver(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink", "--kill-after-first-write")
+    assert first.wait_exit(120) != 0  # it killed itself with SIGKILL
+    run_to_completion(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink")
+    naive = output_ids(naive_out)
+    assert any(count > 1 for count in naive.values()), "a plain append should have written a batch twice"
+
+    safe_out = tmp_path / "safe-out"
+    first = Driver(inputs, safe_out, tmp_path / "safe-checkpoint", "--kill-after-first-write")
+    assert first.wait_exit(120) != 0
+    run_to_completion(inputs, safe_out, tmp_path / "safe-checkpoint")
+    safe = output_ids(safe_out)
+    assert set(safe.values()) == {1} and len(safe) == FILES * PER_FILE
