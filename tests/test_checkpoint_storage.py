@@ -2,6 +2,7 @@
 
 import logging
 import os
+import threading
 import time
 
 import pytest
@@ -25,15 +26,29 @@ def test_sealed_files_detect_tearing_and_tampering():
     with pytest.raises(CorruptFileError, match="torn"):
         unseal(data[: len(data) // 2], "x")
     with pytest.raises(CorruptFileError, match="checksum"):
-        unseal(data.replace(b'\\"a\\":1', b'\\"a\\":2'), "x")
+        unseal(data.replace(b'"a":1', b'"a":2'), "x")
 
 
 def write_checkpoints(storage, times, keep=3):
     writer = CheckpointWriter(storage, ManualClock(), keep=keep, check_lease=lambda: None)
     for t in times:
-        writer.write(checkpoint_at(t, pending=(t - 1000,)))
+        writer.write_now(checkpoint_at(t, pending=(t - 1000,)))
     writer.stop()
     return writer
+
+
+def test_a_backlog_of_queued_checkpoints_is_written_as_its_newest(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    gate = threading.Event()
+    writer = CheckpointWriter(storage, ManualClock(), keep=10, check_lease=lambda: gate.wait(10))
+    written = []
+    for t in range(1000, 6000, 1000):  # the first write waits at the gate while the rest queue up
+        writer.write(checkpoint_at(t), on_written=lambda c: written.append(c.time))
+    gate.set()
+    writer.stop()
+    assert sorted(written) == [1000, 2000, 3000, 4000, 5000]  # every caller hears back
+    assert load_latest_checkpoint(storage)[0].time == 5000
+    assert len(os.listdir(tmp_path / CHECKPOINTS)) < 5
 
 
 def test_writer_keeps_the_last_k_checkpoints_and_lists_them_in_the_manifest(tmp_path):

@@ -1,6 +1,5 @@
 """Restart from a checkpoint on a manual clock: which batches, in which order, which lines."""
 
-import json
 import os
 import threading
 import time
@@ -9,6 +8,7 @@ import pytest
 
 from batchline import ConfigurationError, StreamingContext
 from batchline.checkpoint.lease import CheckpointLockedError
+from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import ManualClock
 from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import LogWatcher
@@ -125,7 +125,7 @@ def test_checkpoints_are_written_only_on_the_checkpoint_interval(spark, tmp_path
     pipeline.ssc.start()
     pipeline.run_until(17_000)
     pipeline.ssc.stop(graceful=False)
-    manifest = json.loads(json.loads((tmp_path / "_manifest.json").read_text())["body"])
+    manifest = CheckpointStorage(str(tmp_path)).read_sealed("_manifest.json")
     times = sorted(entry["time"] for entry in manifest["checkpoints"])
     assert times[0] == 10_000  # the first checkpoint, at zero time, before any batch
     assert all((t - 10_000) % 2000 == 0 for t in times)

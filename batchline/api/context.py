@@ -205,6 +205,11 @@ class StreamingContext:
         return self._generator
 
     @property
+    def checkpoint_manager(self) -> CheckpointManager | None:
+        """The checkpoint location's manager, once a checkpointed context has started."""
+        return self._checkpoints
+
+    @property
     def receiver_tracker(self) -> ReceiverTracker | None:
         return self.env.receiver_tracker
 

@@ -29,22 +29,35 @@ class CorruptFileError(BatchlineError):
     """A stored file is torn or does not match its checksum."""
 
 
+_MAGIC = b"BATCHLINE1"
+
+
+def _jsonable(value: object) -> object:
+    if isinstance(value, (set, frozenset)):
+        return sorted(value)  # type: ignore[type-var]
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+
 def seal(payload: dict[str, Any]) -> bytes:
-    """JSON with a SHA-256 of its body, so that a torn or altered file is recognised."""
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    digest = hashlib.sha256(body.encode()).hexdigest()
-    return json.dumps({"sha256": digest, "body": body}).encode() + b"\n"
+    """A header line with the body's SHA-256 and length, then the JSON body, so that a torn
+    or altered file is recognised. Sets are stored as sorted lists."""
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_jsonable).encode()
+    return b"%s %s %d\n" % (_MAGIC, hashlib.sha256(body).hexdigest().encode(), len(body)) + body
 
 
 def unseal(data: bytes, what: str) -> dict[str, Any]:
+    header, _, body = data.partition(b"\n")
+    parts = header.split(b" ")
+    if len(parts) != 3 or parts[0] != _MAGIC:
+        raise CorruptFileError(f"{what} is torn or not a batchline file (bad header)")
+    if not parts[2].isdigit() or len(body) != int(parts[2]):
+        raise CorruptFileError(f"{what} is torn: {len(body)} of {parts[2].decode(errors='replace')} bytes")
+    if hashlib.sha256(body).hexdigest().encode() != parts[1]:
+        raise CorruptFileError(f"{what} does not match its checksum")
     try:
-        outer = json.loads(data)
-        body = outer["body"]
-        if hashlib.sha256(body.encode()).hexdigest() != outer["sha256"]:
-            raise CorruptFileError(f"{what} does not match its checksum")
         return json.loads(body)
-    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as error:
-        raise CorruptFileError(f"{what} is torn or not a batchline file ({error})") from error
+    except ValueError as error:
+        raise CorruptFileError(f"{what} is not valid JSON ({error})") from error
 
 
 class CheckpointStorage:

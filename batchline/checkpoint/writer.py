@@ -79,19 +79,28 @@ class CheckpointWriter:
             self._thread.join()
 
     def _run(self) -> None:
-        while True:
-            request = self._queue.get()
-            if request is _STOP:
-                return
-            assert isinstance(request, _Request)
+        stopping = False
+        while not stopping:
+            backlog = [self._queue.get()]
+            while not self._queue.empty():  # coalesce: only the newest checkpoint is worth writing
+                backlog.append(self._queue.get())
+            stopping = _STOP in backlog
+            requests = [r for r in backlog if isinstance(r, _Request)]
+            if not requests:
+                continue
+            newest = max(requests, key=lambda r: r.checkpoint.time)
+            if len(requests) > 1:
+                logger.info("Writing only the newest of %d queued checkpoints (time %d ms)", len(requests),
+                            newest.checkpoint.time)
             try:
-                self._write_with_retries(request.checkpoint)
+                self._write_with_retries(newest.checkpoint)
             except Exception:
                 logger.exception("Could not write checkpoint for time %d ms; the next one will try again",
-                                 request.checkpoint.time)
+                                 newest.checkpoint.time)
                 continue
-            if request.on_written is not None:
-                request.on_written(request.checkpoint)
+            for request in requests:  # a newer checkpoint covers the older ones
+                if request.on_written is not None:
+                    request.on_written(request.checkpoint)
 
     def _write_with_retries(self, checkpoint: Checkpoint) -> None:
         for attempt in range(1, self._retries + 1):

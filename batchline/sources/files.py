@@ -128,7 +128,8 @@ class FileInputStream(InputStream):
         self.report(batch_time, None if files else 0, metadata={"files": files})
 
     def snapshot(self) -> dict[str, Any]:
-        return {"seen": sorted(self._seen)}
+        # A plain copy: the checkpoint writer's thread sorts and encodes it.
+        return {"seen": frozenset(self._seen)}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         self._seen = set(snapshot["seen"])

@@ -1,0 +1,185 @@
+"""Checkpoint cost and restart time.
+
+1. Checkpoint write time, and what it does to scheduling delay, with a large metadata set:
+   a file source that remembers 200,000 processed files (about 9 MB of checkpoint), a
+   checkpoint after every 250 ms batch, against the same pipeline without checkpoints.
+   Checkpoints are written by their own thread, so batches should not wait for them.
+2. Restart time: process start to the first batch with new rows completed, for batchline
+   and for Spark Structured Streaming restarting on the same input and history (30 earlier
+   batches), each run as a fresh driver process, alternating, median of the repeats.
+
+    python -m benchmarks.checkpoint_restart [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from batchline import StreamingContext, StreamingListener
+from batchline.scheduler.listener import BatchInfo
+from batchline.spark import local_spark_session
+from benchmarks.machine import write_result
+
+SEEN_FILES = 200_000
+BATCHES = 40
+
+
+class _Delays(StreamingListener):
+    def __init__(self) -> None:
+        self.delays: list[int] = []
+        self.done = threading.Event()
+
+    def on_batch_completed(self, info: BatchInfo) -> None:
+        self.delays.append(info.scheduling_delay_ms or 0)
+        if len(self.delays) >= BATCHES:
+            self.done.set()
+
+
+def scheduling_delays(spark, checkpoint: str | None, interval: str | None = None) -> tuple[list[int], list[float], int]:
+    with tempfile.TemporaryDirectory() as empty_dir:
+        ssc = StreamingContext(spark, "250ms", checkpoint=checkpoint, checkpoint_interval=interval)
+        files = ssc.file_stream(empty_dir, "text")
+        files.restore({"seen": [f"/landing/2026/11/21/events-{i:07d}.json" for i in range(SEEN_FILES)]})
+        events = ssc.generator_stream(rate=400)
+        events.union(files.select("value").transform(lambda df: df.selectExpr("0 as id", "value as data",
+                                                                            "false as is_last", "now() as ts")))
+        events.foreach_batch(lambda df, t: df.count())
+        listener = _Delays()
+        ssc.add_listener(listener)
+        ssc.start()
+        listener.done.wait(120)
+        writes = list(ssc.checkpoint_manager.writer.write_durations_ms) if checkpoint else []
+        size = 0
+        if checkpoint:
+            size = max(p.stat().st_size for p in Path(checkpoint, "checkpoints").iterdir())
+        ssc.stop()
+    return listener.delays[5:], writes, size  # skip the warm-up batches
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def checkpoint_cost() -> dict:
+    spark = local_spark_session("local[2]", "bench-checkpoint", shuffle_partitions=2)
+    scheduling_delays(spark, None)  # warm-up
+    off, _, _ = scheduling_delays(spark, None)
+    with tempfile.TemporaryDirectory() as location:
+        every_10, _, _ = scheduling_delays(spark, location, "2500ms")
+    with tempfile.TemporaryDirectory() as location:
+        every_batch, writes, size = scheduling_delays(spark, location, "250ms")
+    spark.stop()
+    return {
+        "batch_interval_ms": 250,
+        "seen_files_in_metadata": SEEN_FILES,
+        "checkpoint_bytes": size,
+        "checkpoint_write_ms_median": round(statistics.median(writes), 1),
+        "checkpoint_write_ms_p95": round(_percentile(writes, 0.95), 1),
+        "checkpoints_written_when_due_every_batch": len(writes),
+        "scheduling_delay_ms": {
+            "no_checkpoints": {"median": statistics.median(off), "p95": _percentile(off, 0.95)},
+            "checkpoint_every_10_batches": {"median": statistics.median(every_10),
+                                            "p95": _percentile(every_10, 0.95)},
+            "checkpoint_every_batch": {"median": statistics.median(every_batch),
+                                       "p95": _percentile(every_batch, 0.95)},
+        },
+    }
+
+
+ROWS_PER_FILE = 50
+HISTORY_FILES = 30
+
+
+def _write_files(folder: Path, start: int, count: int) -> None:
+    for f in range(start, start + count):
+        rows = [{"id": f"f{f}-r{r}", "n": r} for r in range(ROWS_PER_FILE)]
+        (folder / f"events-{f:05d}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def _driver(engine: str, root: Path) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "benchmarks.restart_driver", engine, str(root / "in"), str(root / "out"),
+         str(root / "checkpoint")],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=Path(__file__).parent.parent,
+    )
+
+
+def _build_history(engine: str, root: Path) -> None:
+    """A first run that processes HISTORY_FILES files arriving one by one, then dies (SIGKILL)."""
+    history = root / "history"
+    history.mkdir()
+    _write_files(history, 0, HISTORY_FILES)
+    process = _driver(engine, root)
+    assert process.stdout is not None
+    rows = 0
+    for line in process.stdout:
+        if line.startswith("session"):
+            threading.Thread(target=_feed, args=(sorted(history.iterdir()), root / "in"), daemon=True).start()
+        elif line.startswith("batch "):
+            rows += int(line.split()[1])
+            if rows >= HISTORY_FILES * ROWS_PER_FILE:
+                break
+    process.kill()
+    process.wait()
+
+
+def _feed(files: list[Path], incoming: Path) -> None:
+    for path in files:
+        shutil.move(str(path), incoming / path.name)
+        time.sleep(0.6)
+
+
+def restart_time(engine: str, root: Path) -> float:
+    """Seconds from process start to the first batch with rows, after a crash with new data waiting."""
+    (root / "in").mkdir()
+    _build_history(engine, root)
+    _write_files(root / "in", 1000, 5)
+    began = time.perf_counter()
+    process = _driver(engine, root)
+    assert process.stdout is not None
+    try:
+        for line in process.stdout:
+            if line.startswith("batch "):
+                return time.perf_counter() - began
+        raise RuntimeError(f"the {engine} driver exited without a batch")
+    finally:
+        process.kill()
+        process.wait()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    cost = checkpoint_cost()
+    print(json.dumps(cost, indent=2))
+    samples: dict[str, list[float]] = {"batchline": [], "sss": []}
+    for _ in range(args.repeats):
+        for engine in ("batchline", "sss"):
+            with tempfile.TemporaryDirectory() as root:
+                samples[engine].append(restart_time(engine, Path(root)))
+                print(f"restart {engine}: {samples[engine][-1]:.2f} s", flush=True)
+    restart = {
+        "batchline_s_median": round(statistics.median(samples["batchline"]), 2),
+        "spark_structured_streaming_s_median": round(statistics.median(samples["sss"]), 2),
+        "samples_s": {k: [round(v, 2) for v in vs] for k, vs in samples.items()},
+        "history_files": HISTORY_FILES,
+    }
+    restart["ratio"] = round(restart["batchline_s_median"] / restart["spark_structured_streaming_s_median"], 3)
+    print(json.dumps(restart, indent=2))
+    path = write_result("checkpoint_restart", {"checkpoint_cost": cost, "restart": restart})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
