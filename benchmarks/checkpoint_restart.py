@@ -166,7 +166,7 @@ def main() -> None:
     samples: dict[str, list[float]] = {"batchline": [], "sss": []}
     for _ in range(args.repeats):
         for engine in ("batchline", "sss"):
-            with tempfile.TemporaryDirectory() as root:
+            with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as root:
                 samples[engine].append(restart_time(engine, Path(root)))
                 print(f"restart {engine}: {samples[engine][-1]:.2f} s", flush=True)
     restart = {

@@ -13,6 +13,7 @@ import json
 import logging
 import os
 import tempfile
+import uuid
 from typing import Any
 
 import fsspec
@@ -20,7 +21,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from batchline.errors import BatchlineError
 
-__all__ = ["CheckpointStorage", "CorruptFileError", "seal", "unseal"]
+__all__ = ["CheckpointStorage", "CorruptFileError", "RawJson", "seal", "unseal"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +33,31 @@ class CorruptFileError(BatchlineError):
 _MAGIC = b"BATCHLINE1"
 
 
-def _jsonable(value: object) -> object:
-    if isinstance(value, (set, frozenset)):
-        return sorted(value)  # type: ignore[type-var]
-    raise TypeError(f"{type(value).__name__} is not JSON serializable")
+class RawJson:
+    """JSON a source has already encoded (and keeps up to date as it grows), spliced into a
+    checkpoint as it is: the writer's cost for it is a copy and a hash, not an encoding."""
+
+    __slots__ = ("data",)
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
 
 
 def seal(payload: dict[str, Any]) -> bytes:
     """A header line with the body's SHA-256 and length, then the JSON body, so that a torn
-    or altered file is recognised. Sets are stored as sorted lists."""
-    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=_jsonable).encode()
+    or altered file is recognised."""
+    token = uuid.uuid4().hex
+    raw: list[bytes] = []
+
+    def placeholder(value: object) -> object:
+        if isinstance(value, RawJson):
+            raw.append(value.data)
+            return f"{token}-{len(raw) - 1}"
+        raise TypeError(f"{type(value).__name__} is not JSON serializable")
+
+    body = json.dumps(payload, sort_keys=True, separators=(",", ":"), default=placeholder).encode()
+    for index, data in enumerate(raw):
+        body = body.replace(f'"{token}-{index}"'.encode(), data, 1)
     return b"%s %s %d\n" % (_MAGIC, hashlib.sha256(body).hexdigest().encode(), len(body)) + body
 
 

@@ -12,7 +12,8 @@ __all__ = ["build_demo"]
 
 def build_demo(ssc: StreamingContext, rate: float, users: int) -> Stream:
     """Per batch: the five busiest users, with their events and how many sessions ended."""
-    events = ssc.generator_stream(rate=rate, users=users, seed=7)
+    # The cap spreads the backlog of a resumed demo over batches instead of one giant batch.
+    events = ssc.generator_stream(rate=rate, users=users, seed=7, max_records_per_batch=int(rate * 10) or None)
     busiest = events.group_by_key("id").agg(
         F.count("*").alias("events"),
         F.sum(F.col("is_last").cast("int")).alias("sessions_ended"),

@@ -7,6 +7,7 @@ import logging
 import runpy
 import signal
 import sys
+import tempfile
 import threading
 from collections.abc import Sequence
 from types import FrameType
@@ -58,13 +59,15 @@ def _await(ssc: StreamingContext, duration: float | None) -> None:
 
 
 def _demo(args: argparse.Namespace) -> int:
+    checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="batchline-demo-checkpoint-")
     spark = local_spark_session(args.master, "batchline-demo")
-    ssc = StreamingContext(spark, args.batch_interval)
+    ssc = StreamingContext(spark, args.batch_interval, checkpoint=checkpoint)
     build_demo(ssc, rate=args.rate, users=args.users)
     ssc.add_listener(BatchSummaryPrinter())
     _stop_on_ctrl_c(ssc)
     print(f"batchline demo: {args.rate:g} events/s from {args.users} users, batches every "
-          f"{args.batch_interval} on {args.master}. Ctrl-C stops gracefully.", flush=True)
+          f"{args.batch_interval} on {args.master}, checkpoints in {checkpoint}. Ctrl-C stops gracefully; "
+          f"--checkpoint {checkpoint} resumes.", flush=True)
     ssc.start()
     _await(ssc, args.duration)
     print("Stopped gracefully." if ssc.state.value == "stopped" else "Stopped.", flush=True)
@@ -87,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--batch-interval", default="2s", help="batch interval (default 2s)")
     demo.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     demo.add_argument("--duration", type=float, default=None, help="stop gracefully after this many seconds")
+    demo.add_argument("--checkpoint", default=None,
+                      help="checkpoint directory to resume from (default: a new temporary directory)")
     demo.set_defaults(handler=_demo)
 
     run = commands.add_parser("run", help="run a pipeline file (a Python script that builds and starts it)")

@@ -8,6 +8,7 @@ letters with their reason and raw text.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from batchline.api.stream import Stream
 from batchline.batch_time import format_batch_time
+from batchline.checkpoint.storage import RawJson
 from batchline.errors import ConfigurationError, SourceError
 from batchline.scheduler.job import Job
 from batchline.sources import parsing
@@ -88,6 +90,7 @@ class FileInputStream(InputStream):
         self._fs, self._root = fsspec.core.url_to_fs(path, **(storage_options or {}))
         self._protocol = path.split("://", 1)[0] if "://" in path else "file"
         self._seen: set[str] = set()
+        self._seen_json = bytearray()  # the seen names, JSON-encoded as they arrive
         self._batch_files: dict[int, list[str]] = {}
         self._parsed: dict[int, DataFrame] = {}
         self.dead_letters = DeadLetterStream(self)
@@ -124,15 +127,22 @@ class FileInputStream(InputStream):
         files = list(allocation["files"])
         self._batch_files[batch_time] = files
         if advance:
-            self._seen.update(files)
+            self._remember_seen(files)
         self.report(batch_time, None if files else 0, metadata={"files": files})
 
+    def _remember_seen(self, files: list[str]) -> None:
+        for name in files:
+            if name not in self._seen:
+                self._seen.add(name)
+                self._seen_json += (b"," if self._seen_json else b"") + json.dumps(name).encode()
+
     def snapshot(self) -> dict[str, Any]:
-        # A plain copy: the checkpoint writer's thread sorts and encodes it.
-        return {"seen": frozenset(self._seen)}
+        # Kept encoded as it grows: a checkpoint costs a copy of it, not an encoding.
+        return {"seen": RawJson(b"[" + bytes(self._seen_json) + b"]")}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        self._seen = set(snapshot["seen"])
+        self._seen, self._seen_json = set(), bytearray()
+        self._remember_seen(list(snapshot["seen"]))
 
     def forget_before(self, threshold_time: int) -> None:
         for batch_time in [t for t in self._batch_files if t <= threshold_time]:
