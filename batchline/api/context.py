@@ -256,6 +256,7 @@ class StreamingContext:
                 self._generator.start(checkpoint)
             except BaseException:
                 self._generator.stop(process_received_data=False)
+                self._scheduler.shutdown(graceful=False)
                 if self._checkpoints is not None:
                     self._checkpoints.close()
                 raise

@@ -42,6 +42,3 @@ class InputInfoTracker:
             for batch_time in [t for t in self._by_batch if t < threshold_time]:
                 del self._by_batch[batch_time]
 
-    def batch_times(self) -> list[int]:
-        with self._lock:
-            return sorted(self._by_batch)

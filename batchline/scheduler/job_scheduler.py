@@ -88,11 +88,6 @@ class JobScheduler:
         self._listener_bus.post("on_error", error)
         self._on_error(error)
 
-    @property
-    def running_batches(self) -> list[int]:
-        with self._lock:
-            return sorted(t for t, js in self._job_sets.items() if js.state is BatchState.RUNNING)
-
     def _group_id(self, batch_time: int) -> str:
         return f"{self.settings.job_group_prefix}-{batch_time}"
 

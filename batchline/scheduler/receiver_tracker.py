@@ -67,6 +67,3 @@ class ReceiverTracker:
         if old:
             logger.debug("Released blocks of %d batches older than %d", len(old), threshold_time)
 
-    def allocated_batch_times(self) -> list[int]:
-        with self._lock:
-            return sorted(self._allocated)

@@ -42,9 +42,6 @@ class FileSink:
         self.path = path.rstrip("/")
         self._fs, self._root = fsspec.core.url_to_fs(self.path)
 
-    def batch_dir(self, batch_time: int) -> str:
-        return f"{self.path}/batch_time={int(batch_time)}"
-
     def write(self, df: DataFrame, batch_time: BatchTime) -> None:
         """Commit one batch.
 
