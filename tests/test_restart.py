@@ -178,3 +178,28 @@ def test_a_changed_batch_interval_is_refused_on_restart(spark, tmp_path):
     again = Pipeline(spark, tmp_path, 12_500)
     again.ssc.start()
     again.ssc.stop()
+
+
+def test_changed_code_keeps_the_offsets_of_inputs_it_still_has(spark, tmp_path):
+    first = Pipeline(spark, tmp_path, 10_500)
+    extra = first.ssc.generator_stream(rate=1, name="retired-input")
+    extra.foreach_batch(lambda df, t: None, name="retired-output")
+    first.ssc.start()
+    first.run_until(13_000)
+    first.ssc.stop()
+
+    # New code: a different transformation, a new output, the second input gone.
+    clock = ManualClock(15_500)
+    ssc = StreamingContext(spark, "1s", clock=clock, checkpoint=str(tmp_path), checkpoint_interval="2s")
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    events = ssc.generator_stream(rate=10, users=3, max_records_per_batch=15)
+    sink = CollectSink()
+    events.filter("id >= 0").select("data").foreach_batch(sink, name="collect")
+    events.count().foreach_batch(lambda df, t: None, name="new-output")
+    with LogWatcher() as logs:
+        ssc.start()
+        recorder.wait_for_batch(15_000)
+        ssc.stop()
+    assert any("'retired-input', which this pipeline no longer has" in m for m in logs.messages(level=30))
+    assert event_numbers(first.sink) + event_numbers(sink) == list(range(50))
