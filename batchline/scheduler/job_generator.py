@@ -35,8 +35,13 @@ logger = logging.getLogger(__name__)
 STOP_POLL_MS = 100
 
 
-def _times(times: list[int]) -> str:
-    return ", ".join(f"{t} ms" for t in times)
+def _times(times: list[int], shown: int = 20) -> str:
+    """The seed's list of batch times, shortened in the middle when it is long."""
+    if len(times) <= shown:
+        return ", ".join(f"{t} ms" for t in times)
+    head, tail = times[: shown // 2], times[-(shown // 2):]
+    return (", ".join(f"{t} ms" for t in head) + f", ... ({len(times) - shown} more), "
+            + ", ".join(f"{t} ms" for t in tail))
 
 
 class JobGenerator:
@@ -66,7 +71,6 @@ class JobGenerator:
         """Allocations from the batch log for batches a restart re-runs."""
         self.last_processed_batch: int | None = None
         self.start_time: int | None = None
-        self.rescheduled: list[int] = []
 
     # ---------------------------------------------------------------- lifecycle
     def start(self, checkpoint: Checkpoint | None = None) -> None:
@@ -132,7 +136,6 @@ class JobGenerator:
             self._logged.pop(done)
         to_reschedule = sorted(set(pending) | set(down_times))
         logger.info("Batches to reschedule (%d batches): %s", len(to_reschedule), _times(to_reschedule))
-        self.rescheduled = to_reschedule
         for batch_time in to_reschedule:
             self._on_timer(batch_time)
         self.timer.start(restart_time)
