@@ -1,6 +1,6 @@
 """A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
 
-    python tests/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write]
+    python tests/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write] [--master M]
 
 ``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
 protocol). ``--kill-after-first-write`` SIGKILLs this process right after the first batch
@@ -36,9 +36,10 @@ def main() -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("--naive-sink", action="store_true")
     parser.add_argument("--kill-after-first-write", action="store_true")
+    parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
 
-    spark = local_spark_session("local[2]", "chaos-driver", shuffle_partitions=2)
+    spark = local_spark_session(args.master, "chaos-driver", shuffle_partitions=2)
     ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s")
     ssc.add_listener(Progress())
     events = ssc.file_stream(args.incoming, "json", SCHEMA, settle=0, max_files_per_batch=1)

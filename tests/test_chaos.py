@@ -133,3 +133,15 @@ def test_the_same_kill_duplicates_output_without_the_commit_protocol(tmp_path, i
     run_to_completion(inputs, safe_out, tmp_path / "safe-checkpoint")
     safe = output_ids(safe_out)
     assert set(safe.values()) == {1} and len(safe) == FILES * PER_FILE
+
+
+def test_a_kill_and_restart_on_a_cluster_master_with_separate_executors(tmp_path, inputs):
+    """local-cluster starts executor processes of their own: files, checkpoint and output all
+    live at locations every executor reaches, nothing on the driver alone."""
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    master = ("--master", "local-cluster[2,1,1024]")
+    first = Driver(inputs, out, checkpoint, "--kill-after-first-write", *master)
+    assert first.wait_exit(180) != 0
+    run_to_completion(inputs, out, checkpoint, *master, timeout=240)
+    got = output_ids(out)
+    assert set(got.values()) == {1} and len(got) == FILES * PER_FILE
