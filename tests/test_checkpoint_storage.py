@@ -155,3 +155,15 @@ def test_renewal_keeps_a_live_lease_beyond_its_ttl(tmp_path):
     with pytest.raises(CheckpointLockedError):
         Lease(storage, clock, ttl_ms=3000).acquire()
     lease.release()
+
+
+def test_a_second_checkpoint_for_the_same_time_replaces_the_first(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    writer = CheckpointWriter(storage, ManualClock(), keep=2, check_lease=lambda: None)
+    writer.write_now(checkpoint_at(2000, pending=(2000,)))
+    writer.write_now(checkpoint_at(4000, pending=(4000,)))
+    writer.write_now(checkpoint_at(4000))  # the same time again, once its batch completed
+    writer.stop()
+    assert [e["time"] for e in storage.read_sealed(MANIFEST)["checkpoints"]] == [4000, 2000]
+    assert len(os.listdir(tmp_path / CHECKPOINTS)) == 2
+    assert load_latest_checkpoint(storage)[0].pending_times == ()

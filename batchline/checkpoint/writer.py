@@ -124,8 +124,11 @@ class CheckpointWriter:
         self._storage.write_new(f"{CHECKPOINTS}/{name}", data)
         # Step 3
         entry = {"name": name, "time": checkpoint.time, "needs_from": min([checkpoint.time, *checkpoint.pending_times])}
-        entries = [entry, *self._entries]
-        kept, dropped = entries[: self._keep], entries[self._keep:]
+        # A second checkpoint for the same time (written again once its batch completed)
+        # replaces the first, so that ``keep`` counts distinct times.
+        replaced = [e for e in self._entries if e["time"] == checkpoint.time]
+        entries = [entry, *(e for e in self._entries if e["time"] != checkpoint.time)]
+        kept, dropped = entries[: self._keep], entries[self._keep:] + replaced
         self._storage.replace(MANIFEST, seal({"checkpoints": kept}))
         self._entries = kept
         # Step 4

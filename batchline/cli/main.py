@@ -1,4 +1,4 @@
-"""``batchline demo`` and ``batchline run PIPELINE.py``."""
+"""``batchline demo``, ``batchline run PIPELINE.py`` and ``batchline checkpoints ...``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from types import FrameType
 
 from batchline.api.context import StreamingContext
+from batchline.cli.checkpoints import add_checkpoint_commands
 from batchline.cli.demo import build_demo
 from batchline.cli.progress import BatchSummaryPrinter
 from batchline.errors import BatchlineError
@@ -97,6 +98,8 @@ def build_parser() -> argparse.ArgumentParser:
     run = commands.add_parser("run", help="run a pipeline file (a Python script that builds and starts it)")
     run.add_argument("pipeline", help="path to the pipeline's .py file")
     run.set_defaults(handler=_run)
+
+    add_checkpoint_commands(commands)
     return parser
 
 
