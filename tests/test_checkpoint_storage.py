@@ -167,3 +167,16 @@ def test_a_second_checkpoint_for_the_same_time_replaces_the_first(tmp_path):
     assert [e["time"] for e in storage.read_sealed(MANIFEST)["checkpoints"]] == [4000, 2000]
     assert len(os.listdir(tmp_path / CHECKPOINTS)) == 2
     assert load_latest_checkpoint(storage)[0].pending_times == ()
+
+
+def test_a_batch_logged_or_committed_by_another_driver_cannot_be_overwritten(tmp_path):
+    from batchline.checkpoint.batch_log import BatchLog
+
+    successor, stale = BatchLog(CheckpointStorage(str(tmp_path))), BatchLog(CheckpointStorage(str(tmp_path)))
+    successor.write_batch(5000, {"files": {"files": ["a"]}}, token=2)
+    successor.commit(5000, token=2)
+    with pytest.raises(FencedError, match="already written by another driver"):
+        stale.write_batch(5000, {"files": {"files": ["b"]}}, token=1)
+    with pytest.raises(FencedError, match="already written by another driver"):
+        stale.commit(5000, token=1)
+    assert successor.read_batch(5000) == {"files": {"files": ["a"]}}

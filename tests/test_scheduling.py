@@ -158,9 +158,11 @@ def test_graceful_stop_gives_up_after_its_timeout(spark):
     ssc, clock, recorder = make_context(spark, graceful_stop_timeout="3s")
     receiver = ManualReceiver()
     generation_may_go_on = threading.Event()
+    generation_held = threading.Event()
 
     def block_generation_after_first_batch(df, batch_time):
         if batch_time > 11_000:
+            generation_held.set()
             generation_may_go_on.wait(60)  # holds the event loop inside batch generation
         return df
 
@@ -172,6 +174,7 @@ def test_graceful_stop_gives_up_after_its_timeout(spark):
         clock.advance(500)
         recorder.wait_for_batch(11_000)
         clock.advance(1000)  # 12 000: generation blocks; the block stored on stop stays unallocated
+        assert generation_held.wait(30)
         stopper = threading.Thread(target=ssc.stop, kwargs={"graceful": True})
         stopper.start()
         logs.wait_for("Waiting for all received blocks")

@@ -16,12 +16,14 @@ from batchline.api.env import PipelineEnv
 from batchline.api.graph import StreamGraph
 from batchline.api.stream import Stream
 from batchline.batch_time import parse_duration_ms
+from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import (
     DEFAULT_KEEP,
     CheckpointManager,
     CheckpointSettings,
     default_checkpoint_interval_ms,
 )
+from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.received_blocks import ReceivedBlockLog
 from batchline.clock import Clock, SystemClock
 from batchline.errors import ConfigurationError, ContextStateError
@@ -240,14 +242,7 @@ class StreamingContext:
             self._scheduler = JobScheduler(
                 settings, self.spark, self.clock, self.env.input_info, self._listener_bus, self._fail
             )
-            checkpoint = None
-            if self.checkpoint_settings is not None:
-                self._checkpoints = CheckpointManager(self.checkpoint_settings, self.clock)
-                checkpoint = self._checkpoints.open()
-                if checkpoint is None:
-                    logger.info("No checkpoint in %s; starting fresh", self._checkpoints.storage.url)
-                for stream in self._receivers:
-                    stream.block_log = ReceivedBlockLog(self._checkpoints.storage, stream.name, stream.input_id)
+            checkpoint = self._open_checkpoints()
             self._generator = JobGenerator(
                 self._scheduler, self.env.graph, self.clock, tracker, self.env.input_info, self._checkpoints
             )
@@ -267,6 +262,22 @@ class StreamingContext:
                 )
             self._state = ContextState.ACTIVE
         logger.info("StreamingContext started (batch interval %d ms)", self.batch_interval_ms)
+
+    def _open_checkpoints(self) -> Checkpoint | None:
+        """Take the location's lease and load its newest checkpoint (None: start fresh)."""
+        if self.checkpoint_settings is None:
+            return None
+        self._checkpoints = CheckpointManager(self.checkpoint_settings, self.clock)
+        checkpoint = self._checkpoints.open()
+        storage = self._checkpoints.storage
+        if checkpoint is None:
+            # Spark's restart without a checkpoint failed (the seed's NPE); here it starts fresh, and says so.
+            leftovers = [name for name in storage.list_names("") if name != LEASE_FILE]
+            logger.log(logging.WARNING if leftovers else logging.INFO, "No checkpoint in %s; starting fresh",
+                       storage.url)
+        for stream in self._receivers:
+            stream.block_log = ReceivedBlockLog(storage, stream.name, stream.input_id)
+        return checkpoint
 
     def await_termination(self, timeout: float | None = None) -> bool:
         """Wait until the pipeline stops; True if it did, False on timeout (seconds).

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from batchline.checkpoint.lease import FencedError
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
 
 __all__ = ["BatchLog"]
@@ -31,9 +32,7 @@ class BatchLog:
         self._storage = storage
 
     def write_batch(self, batch_time: int, allocations: dict[str, dict[str, Any]], token: int | None) -> None:
-        self._storage.write_new(
-            _name(BATCHES, batch_time), seal({"time": batch_time, "allocations": allocations, "token": token})
-        )
+        self._write_once(_name(BATCHES, batch_time), {"time": batch_time, "allocations": allocations, "token": token})
 
     def read_batch(self, batch_time: int) -> dict[str, dict[str, Any]] | None:
         """The logged allocations of a batch; None when it was never logged (or torn while written)."""
@@ -49,7 +48,16 @@ class BatchLog:
             return None
 
     def commit(self, batch_time: int, token: int | None) -> None:
-        self._storage.write_new(_name(COMMITS, batch_time), seal({"time": batch_time, "token": token}))
+        self._write_once(_name(COMMITS, batch_time), {"time": batch_time, "token": token})
+
+    def _write_once(self, name: str, payload: dict[str, Any]) -> None:
+        try:
+            self._storage.write_new(name, seal(payload))
+        except FileExistsError as error:
+            raise FencedError(
+                f"{self._storage.full_url(name)} was already written by another driver; this driver stops "
+                "without committing. Run one driver per checkpoint location"
+            ) from error
 
     def is_committed(self, batch_time: int) -> bool:
         name = _name(COMMITS, batch_time)

@@ -111,11 +111,12 @@ class CheckpointStorage:
         return unseal(self.read(relative), self.full_url(relative))
 
     def write_new(self, relative: str, data: bytes) -> None:
-        """Write a new, never rewritten file; on local disk it is fsynced before returning."""
+        """Write a new, never rewritten file; on local disk it is created exclusively (a file
+        that exists already raises FileExistsError) and fsynced before returning."""
         path = self.path(relative)
         if self.is_local:
             os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "wb") as handle:
+            with open(path, "xb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
