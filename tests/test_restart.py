@@ -203,3 +203,26 @@ def test_changed_code_keeps_the_offsets_of_inputs_it_still_has(spark, tmp_path):
         ssc.stop()
     assert any("'retired-input', which this pipeline no longer has" in m for m in logs.messages(level=30))
     assert event_numbers(first.sink) + event_numbers(sink) == list(range(50))
+
+
+def test_a_driver_that_lost_its_lease_stops_instead_of_committing(spark, tmp_path):
+    from batchline.checkpoint.lease import LEASE_FILE, FencedError, LeaseRecord
+    from batchline.checkpoint.storage import seal
+    from batchline.errors import BatchFailedError
+
+    pipeline = Pipeline(spark, tmp_path, 10_500)
+    release = threading.Event()
+    pipeline.events.foreach_batch(lambda df, t: release.wait(60) if t == 12_000 else None, name="slow")
+    pipeline.ssc.start()
+    pipeline.run_until(11_000)
+    pipeline.clock.advance(1000)
+    pipeline.recorder.wait_for_event("started", 12_000)
+    storage = CheckpointStorage(str(tmp_path))
+    current = LeaseRecord(**storage.read_sealed(LEASE_FILE))
+    successor = LeaseRecord("successor", current.host, current.pid, current.token + 1, 10**15)
+    storage.replace(LEASE_FILE, seal(successor.__dict__))  # another driver took over meanwhile
+    release.set()
+    with pytest.raises(BatchFailedError, match="in output 'commit'.*FencedError.*lost its lease") as raised:
+        pipeline.ssc.await_termination(60)
+    assert isinstance(raised.value.cause, FencedError)
+    assert not (tmp_path / "commits" / f"{12_000:015d}.json").exists()

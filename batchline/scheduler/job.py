@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from batchline.errors import ContextStateError
 from batchline.scheduler.input_info import StreamInputInfo
@@ -44,10 +44,8 @@ class JobSet:
     processing_start_time: int | None = None
     processing_end_time: int | None = None
     failure: str | None = None
-    _history: list[BatchState] = field(default_factory=list, repr=False)
 
     def move_to(self, state: BatchState) -> None:
         if state not in _ALLOWED[self.state]:
             raise ContextStateError(f"batch {self.time} cannot go from {self.state.value} to {state.value}")
-        self._history.append(self.state)
         self.state = state

@@ -63,7 +63,6 @@ class JobScheduler:
             max_workers=settings.concurrent_jobs, thread_name_prefix="batchline-job"
         )
         self._lock = threading.Lock()
-        self._job_sets: dict[int, JobSet] = {}
         self._futures: dict[int, concurrent.futures.Future[None]] = {}
         self._cancelling = False
         self.job_generator: JobGenerator | None = None
@@ -73,8 +72,6 @@ class JobScheduler:
         if not job_set.jobs:
             # Still reported: the batch took its input, and listeners see every batch time.
             logger.info("No jobs added for time %d ms", job_set.time)
-        with self._lock:
-            self._job_sets[job_set.time] = job_set
         self._listener_bus.post("on_batch_submitted", self._info(job_set))
         future = self._executor.submit(self._run_job_set, job_set)
         with self._lock:
@@ -109,6 +106,12 @@ class JobScheduler:
                     job.run()
                 except BaseException as cause:
                     raise BatchFailedError(job_set.time, job.name, cause) from cause
+            job_set.processing_end_time = self._clock.now_ms()
+            assert self.job_generator is not None
+            try:
+                self.job_generator.on_batch_completion(job_set.time)  # the commit marker
+            except BaseException as cause:
+                raise BatchFailedError(job_set.time, "commit", cause) from cause
         except BatchFailedError as error:
             job_set.processing_end_time = self._clock.now_ms()
             job_set.failure = str(error)
@@ -119,7 +122,6 @@ class JobScheduler:
             else:
                 self.report_error(f"Error running job of batch {job_set.time}", error)
             return
-        job_set.processing_end_time = self._clock.now_ms()
         job_set.move_to(BatchState.COMPLETED)
         self._finish(job_set)
         logger.info(
@@ -127,16 +129,12 @@ class JobScheduler:
             job_set.time, job_set.processing_end_time - job_set.time,
             job_set.processing_end_time - job_set.processing_start_time,
         )
-        assert self.job_generator is not None
-        self.job_generator.on_batch_completion(job_set.time)
 
     def _forget_future(self, batch_time: int) -> None:
         with self._lock:
             self._futures.pop(batch_time, None)
 
     def _finish(self, job_set: JobSet) -> None:
-        with self._lock:
-            self._job_sets.pop(job_set.time, None)
         self._listener_bus.post("on_batch_completed", self._info(job_set))
 
     def _info(self, job_set: JobSet) -> BatchInfo:
