@@ -61,7 +61,6 @@ class CheckpointWriter:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="batchline-checkpoint-writer", daemon=True)
         self._thread.start()
-        self.last_written: Checkpoint | None = None
         self.write_durations_ms: list[float] = []
 
     def write(self, checkpoint: Checkpoint, on_written: Callable[[Checkpoint], None] | None = None) -> None:
@@ -136,7 +135,6 @@ class CheckpointWriter:
             self._storage.delete(f"{CHECKPOINTS}/{old['name']}")
         took_ms = (time.perf_counter() - began) * 1000
         self.write_durations_ms.append(took_ms)
-        self.last_written = checkpoint
         logger.info("Checkpoint for time %d ms saved to %s (%d bytes, %.0f ms)",
                     checkpoint.time, self._storage.full_url(f"{CHECKPOINTS}/{name}"), len(data), took_ms)
 

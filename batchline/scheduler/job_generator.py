@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
@@ -67,8 +67,9 @@ class JobGenerator:
         )
         self._lock = threading.Lock()
         self._unprocessed: set[int] = set()
-        self._logged: dict[int, dict[str, dict[str, Any]]] = {}
-        """Allocations from the batch log for batches a restart re-runs."""
+        self._logged: set[int] = set()
+        """Batches a restart re-runs; their logged inputs were restored when it began."""
+        self._purged_before: int | None = None
         self.last_processed_batch: int | None = None
         self.start_time: int | None = None
 
@@ -116,13 +117,13 @@ class JobGenerator:
             allocations = batch_log.read_batch(past)
             if allocations is not None:
                 self._graph.restore_allocations(past, allocations, advance=False)
-                self._logged[past] = allocations
+                self._logged.add(past)
         # Batches logged after the checkpoint: advance the sources past them.
         last_logged = checkpoint.time
         while (allocations := batch_log.read_batch(last_logged + interval)) is not None:
             last_logged += interval
             self._graph.restore_allocations(last_logged, allocations, advance=True)
-            self._logged[last_logged] = allocations
+            self._logged.add(last_logged)
         for stream in self._graph.inputs:
             stream.recover_after_restart()
 
@@ -132,8 +133,7 @@ class JobGenerator:
         candidates = sorted(set(checkpoint.pending_times) | {t for t in self._logged if t > checkpoint.time})
         pending = [t for t in candidates if t < restart_time and not batch_log.is_committed(t)]
         logger.info("Batches pending processing (%d batches): %s", len(pending), _times(pending))
-        for done in set(self._logged) - set(pending):
-            self._logged.pop(done)
+        self._logged &= set(pending)
         to_reschedule = sorted(set(pending) | set(down_times))
         logger.info("Batches to reschedule (%d batches): %s", len(to_reschedule), _times(to_reschedule))
         for batch_time in to_reschedule:
@@ -203,9 +203,8 @@ class JobGenerator:
 
     def _generate_jobs(self, time: int) -> None:
         try:
-            logged = self._logged.pop(time, None)
-            if logged is not None:
-                self._graph.restore_allocations(time, logged, advance=False)
+            if time in self._logged:
+                self._logged.discard(time)  # its logged inputs were restored by the restart
             else:
                 self._receiver_tracker.allocate_blocks_to_batch(time)
                 self._graph.allocate_inputs(time)
@@ -268,8 +267,12 @@ class JobGenerator:
         oldest = manager.writer.oldest_needed_time() if manager is not None and manager.writer else None
         if manager is not None and oldest is not None:
             # Any retained checkpoint may be the one a restart falls back to: keep the batch
-            # log back to its oldest pending batch, and as far back as windows reach.
-            manager.batch_log.purge_before(oldest - self._graph.max_input_remember_ms)
+            # log back to its oldest pending batch, and as far back as windows reach. Several
+            # coalesced checkpoints report back at once; list the log only when the bound moved.
+            threshold = oldest - self._graph.max_input_remember_ms
+            if threshold != self._purged_before:
+                manager.batch_log.purge_before(threshold)
+                self._purged_before = threshold
 
     def _clear_trackers_and_mark_processed(self, time: int) -> None:
         threshold = time - self._graph.max_input_remember_ms

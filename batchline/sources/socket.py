@@ -51,7 +51,6 @@ class SocketReceiver(Receiver):
         self._drain_quiet_s = drain_quiet_s
         self._max_drain_s = max_drain_s
         self._thread: threading.Thread | None = None
-        self.lines_received = 0
 
     def on_start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"SocketReceiver-{self.host}:{self.port}", daemon=True)
@@ -108,7 +107,6 @@ class SocketReceiver(Receiver):
 
     def _store_line(self, raw: bytes) -> None:
         self.store(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
-        self.lines_received += 1
 
 
 class ReceiverInputStream(InputStream):
