@@ -56,5 +56,7 @@ class BatchFailedError(BatchlineError):
 def _short_cause(cause: BaseException) -> str:
     """The useful first line of an error, without the JVM stack trace that Py4J appends."""
     text = str(cause).strip() or type(cause).__name__
+    if isinstance(cause, BatchlineError):
+        return f"{type(cause).__name__}: {text}"  # written for people, with any Python traceback it carries
     first = text.splitlines()[0]
     return f"{type(cause).__name__}: {first}"

@@ -231,6 +231,12 @@ class StreamingContext:
                     "once, so create a new one to run again"
                 )
             self.env.graph.validate()
+            if self.env.graph.stateful and self._concurrent_jobs > 1:
+                raise ConfigurationError(
+                    "stateful operators build each batch on the previous one; use concurrent_jobs=1"
+                )
+            if self.env.graph.stateful and self.checkpoint_settings is None:
+                self.env.graph.open_state(None, 0)  # raises: state needs a checkpoint location
             tracker = ReceiverTracker([s.input_id for s in self._receivers])
             self.env.receiver_tracker = tracker
             settings = SchedulerSettings(

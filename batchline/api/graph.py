@@ -6,12 +6,14 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from batchline.errors import NoOutputOperationError
+from batchline.errors import ConfigurationError, NoOutputOperationError
 from batchline.scheduler.job import Job
 
 if TYPE_CHECKING:
     from batchline.api.output import OutputOperation
+    from batchline.checkpoint.manager import CheckpointManager
     from batchline.sources.base import InputStream
+    from batchline.state.operator import StatefulStream
 
 __all__ = ["StreamGraph"]
 
@@ -23,6 +25,8 @@ class StreamGraph:
         self.batch_interval_ms = batch_interval_ms
         self.inputs: list[InputStream] = []
         self.outputs: list[OutputOperation] = []
+        self.stateful: list[StatefulStream] = []
+        """Stateful operators in the order they were built, so upstream ones run first."""
         self.zero_time: int | None = None
         self.remember_ms: int | None = None
         self._consumed: set[int] = set()
@@ -39,6 +43,50 @@ class StreamGraph:
     def add_output(self, operation: OutputOperation) -> None:
         with self._lock:
             self.outputs.append(operation)
+
+    def add_stateful(self, operator: StatefulStream, name: str) -> str:
+        """Register a stateful operator; its name finds its state, so two may not share one."""
+        with self._lock:
+            if name in {op.name for op in self.stateful}:
+                raise ConfigurationError(
+                    f"two stateful operators are named {name!r}; give each a stable name=..., "
+                    "which is where its state is kept"
+                )
+            self.stateful.append(operator)
+            return name
+
+    def open_state(self, manager: CheckpointManager | None, zero_time: int,
+                   progress: dict[str, dict[str, Any]] | None = None) -> None:
+        """Attach stateful operators to their stored state (SPEC E4: an operator whose state
+        is in the checkpoint but which the pipeline no longer has is refused)."""
+        if not self.stateful:
+            return
+        if manager is None:
+            raise ConfigurationError(
+                f"stateful operator {self.stateful[0].name!r} keeps its state at the checkpoint location; "
+                "create the StreamingContext with checkpoint=<path or URL>"
+            )
+        from batchline.state.store import STATE_DIR
+
+        names = {op.name for op in self.stateful}
+        orphans = [n for n in manager.storage.list_names(STATE_DIR) if n not in names]
+        if orphans:
+            raise ConfigurationError(
+                f"the checkpoint at {manager.storage.url} holds the state of operator(s) {orphans}, which this "
+                f"pipeline does not have (it has {sorted(names)}). If an operator was renamed, pass its old "
+                f"name=...; to drop its state on purpose, delete {manager.storage.url}/{STATE_DIR}/<name>"
+            )
+        for operator in self.stateful:
+            operator.open(manager, zero_time)
+            if progress and operator.name in progress:
+                operator.restore_progress(progress[operator.name])
+
+    def state_progress(self) -> dict[str, dict[str, Any]]:
+        return {op.name: op.progress_json() for op in self.stateful}
+
+    def on_batch_committed(self, batch_time: int) -> None:
+        for operator in self.stateful:
+            operator.on_batch_committed(batch_time)
 
     def unique_output_name(self, name: str) -> str:
         return _unique(name, {op.name for op in self.outputs})
@@ -104,9 +152,12 @@ class StreamGraph:
                 logger.info("Input %r is new since the checkpoint; it starts from its beginning", stream.name)
 
     def generate_jobs(self, batch_time: int) -> list[Job]:
-        """Inputs' preparation jobs first (they read and count), then one job per output."""
+        """Inputs' preparation jobs first (they read and count), then the stateful operators
+        (each runs its state function once and caches the result), then one job per output."""
         logger.debug("Generating jobs for time %d ms", batch_time)
         jobs = [job for stream in self.inputs if (job := stream.prepare_job(batch_time)) is not None]
+        jobs += [job for op in self.stateful
+                 if self.is_consumed(op.stream_id) and (job := op.job(batch_time)) is not None]
         jobs += [job for op in self.outputs if (job := op.generate_job(batch_time)) is not None]
         logger.debug("Generated %d jobs for time %d ms", len(jobs), batch_time)
         return jobs

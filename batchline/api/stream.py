@@ -20,8 +20,12 @@ from batchline.batch_time import BatchTime, parse_duration_ms
 from batchline.errors import ConfigurationError
 
 if TYPE_CHECKING:
+    from pyspark.sql import DataFrame as InitialState
+
     from batchline.api.env import PipelineEnv
     from batchline.api.output import OutputOperation
+    from batchline.state.group_state import GroupStateTimeout
+    from batchline.state.operator import StatefulStream
 
 __all__ = ["Stream", "KeyedStream"]
 
@@ -143,6 +147,15 @@ class Stream(ABC):
         this stream's slide; the slide defaults to it)."""
         return WindowedStream(self, window_length, slide_interval)
 
+    def with_watermark(self, event_time_column: str, delay: object) -> Stream:
+        """Track event time in ``event_time_column`` (a timestamp): stateful operators
+        downstream drop rows older than the newest event time seen minus ``delay``, count
+        them as late, and time out event-time timeouts against it (SPEC D3)."""
+        delay_ms = parse_duration_ms(delay, "watermark delay")
+        stream = TransformedStream(self.env, [self], lambda df: df)
+        stream.watermark = (event_time_column, delay_ms)  # type: ignore[attr-defined]
+        return stream
+
     def group_by_key(self, *cols: str | Column) -> KeyedStream:
         if not cols:
             raise ConfigurationError("group_by_key needs at least one key column")
@@ -260,3 +273,51 @@ class KeyedStream:
     def count(self) -> Stream:
         keys = self.keys
         return self.stream.transform(lambda df: df.groupBy(*keys).count())
+
+    def flat_map_groups_with_state(
+        self,
+        fn: Callable[..., Any],
+        *,
+        state_schema: Any,
+        output_schema: Any,
+        timeout: GroupStateTimeout | None = None,
+        name: str | None = None,
+        num_partitions: int | None = None,
+        initial_state: InitialState | None = None,
+    ) -> StatefulStream:
+        """Call ``fn(key, rows, state)`` once per key with data in a batch, and for keys whose
+        timeout passed; it returns (or yields) any number of output rows (SPEC D1, D2).
+
+        ``rows`` iterates the key's rows of the batch as named tuples; ``state`` is a
+        GroupState of ``state_schema`` (a dataclass or a Spark schema). Output rows are
+        dataclasses, dicts or tuples of ``output_schema``. The state lives at the checkpoint
+        location under ``name`` (keep it stable across releases) in ``num_partitions``
+        partitions (default 8, fixed once state exists). ``initial_state`` is a DataFrame of
+        key columns and state fields to start from; ``fn`` is called for each of its keys in
+        the first batch.
+        """
+        from batchline.state.group_state import GroupStateTimeout
+        from batchline.state.operator import StatefulStream
+
+        return StatefulStream(self, fn, flat=True, state_schema=state_schema, output_schema=output_schema,
+                              timeout=timeout or GroupStateTimeout.NO_TIMEOUT, name=name,
+                              num_partitions=num_partitions, initial_state=initial_state)
+
+    def map_groups_with_state(
+        self,
+        fn: Callable[..., Any],
+        *,
+        state_schema: Any,
+        output_schema: Any,
+        timeout: GroupStateTimeout | None = None,
+        name: str | None = None,
+        num_partitions: int | None = None,
+        initial_state: InitialState | None = None,
+    ) -> StatefulStream:
+        """Like ``flat_map_groups_with_state``, with exactly one output row per call."""
+        from batchline.state.group_state import GroupStateTimeout
+        from batchline.state.operator import StatefulStream
+
+        return StatefulStream(self, fn, flat=False, state_schema=state_schema, output_schema=output_schema,
+                              timeout=timeout or GroupStateTimeout.NO_TIMEOUT, name=name,
+                              num_partitions=num_partitions, initial_state=initial_state)

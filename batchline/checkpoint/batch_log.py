@@ -47,8 +47,20 @@ class BatchLog:
             self._storage.delete(name)
             return None
 
-    def commit(self, batch_time: int, token: int | None) -> None:
-        self._write_once(_name(COMMITS, batch_time), {"time": batch_time, "token": token})
+    def commit(self, batch_time: int, token: int | None, operators: dict[str, Any] | None = None) -> None:
+        """Mark a batch done, with its stateful operators' progress (e.g. event time seen)."""
+        self._write_once(_name(COMMITS, batch_time),
+                         {"time": batch_time, "token": token, "operators": operators or {}})
+
+    def read_commit(self, batch_time: int) -> dict[str, Any] | None:
+        """A commit marker's content; None when the batch is not (validly) committed."""
+        name = _name(COMMITS, batch_time)
+        if not self._storage.exists(name):
+            return None
+        try:
+            return self._storage.read_sealed(name)
+        except CorruptFileError:
+            return None
 
     def _write_once(self, name: str, payload: dict[str, Any]) -> None:
         try:

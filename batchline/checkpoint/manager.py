@@ -60,9 +60,9 @@ class CheckpointManager:
         self.lease.check()
         self.batch_log.write_batch(batch_time, allocations, self.lease.token)
 
-    def commit_batch(self, batch_time: int) -> None:
+    def commit_batch(self, batch_time: int, operators: dict[str, Any] | None = None) -> None:
         self.lease.check()
-        self.batch_log.commit(batch_time, self.lease.token)
+        self.batch_log.commit(batch_time, self.lease.token, operators)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -83,9 +83,14 @@ class CheckpointStorage:
         if "://" not in url:
             url = os.path.abspath(url)
         self.url = url.rstrip("/")
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **(storage_options or {}))
+        self.storage_options = dict(storage_options or {})
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self.root = self.root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Shipped to executors by URL and options; each process opens its own file system.
+        return (CheckpointStorage, (self.url, self.storage_options))
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}"

@@ -23,9 +23,12 @@ class StreamInputInfo:
 
 
 class InputInfoTracker:
+    """Per batch: what each input contributed, and what each stateful operator did."""
+
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_batch: dict[int, dict[int, StreamInputInfo]] = {}
+        self._operators: dict[int, dict[str, Any]] = {}
 
     def report(self, batch_time: int, info: StreamInputInfo) -> None:
         """Record (or replace, once counts are known) an input's statistics for a batch."""
@@ -36,9 +39,20 @@ class InputInfoTracker:
         with self._lock:
             return dict(self._by_batch.get(batch_time, {}))
 
+    def report_operator(self, batch_time: int, progress: Any) -> None:
+        """Record a stateful operator's progress (``StateOperatorProgress``) for a batch."""
+        with self._lock:
+            self._operators.setdefault(batch_time, {})[progress.operator] = progress
+
+    def get_operators(self, batch_time: int) -> dict[str, Any]:
+        with self._lock:
+            return dict(self._operators.get(batch_time, {}))
+
     def cleanup(self, threshold_time: int) -> None:
         """Forget batches strictly older than ``threshold_time``."""
         with self._lock:
             for batch_time in [t for t in self._by_batch if t < threshold_time]:
                 del self._by_batch[batch_time]
+            for batch_time in [t for t in self._operators if t < threshold_time]:
+                del self._operators[batch_time]
 

@@ -85,6 +85,7 @@ class JobGenerator:
         start_time = self.timer.get_start_time()
         zero_time = start_time - self.batch_interval_ms
         self._graph.start(zero_time)
+        self._graph.open_state(self._checkpoints, zero_time)
         if self._checkpoints is not None:
             # The first checkpoint, at zero time, is written before any batch: a crash at
             # any later moment restarts from a checkpoint, never from nothing.
@@ -126,6 +127,8 @@ class JobGenerator:
             self._logged.add(last_logged)
         for stream in self._graph.inputs:
             stream.recover_after_restart()
+        self._graph.open_state(self._checkpoints, checkpoint.zero_time,
+                               self._last_committed_progress(last_logged, checkpoint))
 
         restart_time = self.timer.get_restart_time(checkpoint.zero_time)
         down_times = list(range(last_logged + interval, restart_time, interval))
@@ -141,6 +144,17 @@ class JobGenerator:
         self.timer.start(restart_time)
         self.start_time = restart_time
         logger.info("Restarted JobGenerator at %d ms", restart_time)
+
+    def _last_committed_progress(self, last_logged: int, checkpoint: Checkpoint) -> dict[str, dict[str, object]]:
+        """Stateful operators' progress as of the newest committed batch (its commit marker)."""
+        assert self._checkpoints is not None
+        batch_log = self._checkpoints.batch_log
+        oldest = max(checkpoint.zero_time, checkpoint.time - self._graph.max_input_remember_ms)
+        for time in range(last_logged, oldest, -self.batch_interval_ms):
+            commit = batch_log.read_commit(time)
+            if commit is not None:
+                return commit.get("operators", {})
+        return checkpoint.extra.get("operators", {})
 
     def stop(self, process_received_data: bool) -> None:
         if not self._event_loop.is_active:
@@ -221,7 +235,8 @@ class JobGenerator:
     def on_batch_completion(self, time: int) -> None:
         """Called on the job thread once every job of the batch succeeded."""
         if self._checkpoints is not None:
-            self._checkpoints.commit_batch(time)
+            self._checkpoints.commit_batch(time, self._graph.state_progress())
+        self._graph.on_batch_committed(time)
         self._event_loop.post(ClearMetadata(time))
 
     def _clear_metadata(self, time: int) -> None:
@@ -259,6 +274,7 @@ class JobGenerator:
             inputs=self._graph.snapshot(),
             outputs=tuple(op.name for op in self._graph.outputs),
             written_at_ms=self._clock.now_ms(),
+            extra={"operators": self._graph.state_progress()} if self._graph.stateful else {},
         )
 
     def _clear_checkpoint_data(self, time: int) -> None:

@@ -146,6 +146,7 @@ class JobScheduler:
             processing_end_time=job_set.processing_end_time,
             input_infos=self._input_info.get_info(job_set.time) or job_set.input_infos,
             failure=job_set.failure,
+            state_operators=self._input_info.get_operators(job_set.time),
         )
 
     # ---------------------------------------------------------------- stopping

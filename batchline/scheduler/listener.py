@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass, field
+from typing import Any
 
 from batchline.scheduler.input_info import StreamInputInfo
 
@@ -21,6 +22,8 @@ class BatchInfo:
     processing_end_time: int | None = None
     input_infos: dict[int, StreamInputInfo] = field(default_factory=dict)
     failure: str | None = None
+    state_operators: dict[str, Any] = field(default_factory=dict)
+    """Each stateful operator's ``StateOperatorProgress`` for the batch, by operator name."""
 
     @property
     def scheduling_delay_ms(self) -> int | None:
@@ -48,6 +51,11 @@ class BatchInfo:
     @property
     def dead_letters(self) -> int:
         return sum(info.dead_letters for info in self.input_infos.values())
+
+    @property
+    def late_records(self) -> int:
+        """Rows dropped by stateful operators for arriving behind the watermark."""
+        return sum(p.late_rows for p in self.state_operators.values())
 
 
 class StreamingListener:

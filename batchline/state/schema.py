@@ -1,0 +1,243 @@
+"""Declared schemas of state and output rows (SPEC D5): a dataclass or a Spark schema.
+
+A state value lives in the store and in the worker's cache as a plain tuple in field order
+(Arrow-ready); the state function sees a fresh object built from it, so mutating what
+``state.get()`` returned never changes the stored state behind the store's back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import types
+import typing
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    DataType,
+    DateType,
+    DoubleType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+    _parse_datatype_string,
+)
+
+from batchline.errors import BatchlineError, ConfigurationError
+
+__all__ = ["RowSchema", "StateSchemaError", "MISSING"]
+
+MISSING = dataclasses.MISSING
+
+_SCALARS: dict[Any, DataType] = {
+    int: LongType(), float: DoubleType(), str: StringType(), bool: BooleanType(), bytes: BinaryType(),
+    _dt.datetime: TimestampType(), _dt.date: DateType(),
+}
+
+
+class StateSchemaError(BatchlineError):
+    """Stored state cannot be read with the declared schema (an incompatible change)."""
+
+
+def _spark_type(hint: Any, where: str) -> tuple[DataType, bool]:
+    """The Spark type of a dataclass field's annotation, and whether it may be null."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(args) != 1:
+            raise ConfigurationError(f"{where}: only Optional[X] unions are supported in state schemas; got {hint}")
+        return _spark_type(args[0], where)[0], True
+    if hint in _SCALARS:
+        return _SCALARS[hint], False
+    if origin in (list, tuple, set, frozenset) or hint in (list, tuple):
+        args = typing.get_args(hint)
+        if not args:
+            raise ConfigurationError(f"{where}: give the element type, e.g. list[str]")
+        return ArrayType(_spark_type(args[0], where)[0], True), False
+    if origin is dict:
+        key, value = typing.get_args(hint) or (None, None)
+        if key is None:
+            raise ConfigurationError(f"{where}: give key and value types, e.g. dict[str, int]")
+        return MapType(_spark_type(key, where)[0], _spark_type(value, where)[0], True), False
+    if dataclasses.is_dataclass(hint):
+        return _dataclass_struct(hint), False
+    raise ConfigurationError(
+        f"{where}: type {hint!r} has no Spark equivalent; use int, float, str, bool, bytes, datetime, date, "
+        "list[...], dict[..., ...], Optional[...] or a nested dataclass"
+    )
+
+
+def _dataclass_struct(cls: type) -> StructType:
+    hints = typing.get_type_hints(cls)
+    fields = []
+    for f in dataclasses.fields(cls):
+        data_type, nullable = _spark_type(hints[f.name], f"field {cls.__name__}.{f.name}")
+        fields.append(StructField(f.name, data_type, True))
+        del nullable  # every field is stored nullable: an absent value is a null, not an error
+    return StructType(fields)
+
+
+def _decoder(data_type: DataType, hint: Any) -> Callable[[Any], Any] | None:
+    """How a stored (Arrow-ready) value becomes what the user declared; None: as it is."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = _decoder(data_type, next(a for a in typing.get_args(hint) if a is not type(None)))
+        return None if inner is None else (lambda v: None if v is None else inner(v))
+    if isinstance(data_type, ArrayType):
+        element_hint = (typing.get_args(hint) or (None,))[0]
+        element = _decoder(data_type.elementType, element_hint) if element_hint is not None else None
+        container = origin if origin in (list, tuple, set, frozenset) else list
+        if element is None:
+            return lambda v: None if v is None else container(v)
+        return lambda v: None if v is None else container(element(x) for x in v)
+    if isinstance(data_type, MapType):
+        return lambda v: None if v is None else dict(v)
+    if isinstance(data_type, StructType) and dataclasses.is_dataclass(hint):
+        nested = RowSchema.of(hint)
+        return lambda v: None if v is None else nested.make(tuple(v[f] for f in nested.names))
+    return None
+
+
+def _encoder(value: Any) -> Any:
+    """A user value made Arrow-ready: nested dataclasses become dicts, sets become lists."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _encoder(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_encoder(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class RowSchema:
+    """A declared row type: its Spark and Arrow schemas and the codec between user objects
+    and stored tuples."""
+
+    struct: StructType
+    cls: type | None
+    """The dataclass, or None for a schema given as a Spark type (rows are tuples then)."""
+    defaults: tuple[Any, ...]
+    """Each field's default (MISSING when it has none), for reading state written before the field existed."""
+    _decoders: tuple[Callable[[Any], Any] | None, ...]
+    _plain: bool
+
+    @classmethod
+    def of(cls, declared: Any) -> RowSchema:
+        if isinstance(declared, RowSchema):
+            return declared
+        if isinstance(declared, str):
+            declared = _parse_datatype_string(declared)
+            if not isinstance(declared, StructType):
+                raise ConfigurationError(f"a row schema must be a struct, e.g. 'id string, n long'; got {declared}")
+        if isinstance(declared, StructType):
+            return cls(declared, None, tuple(None for _ in declared.fields), tuple(None for _ in declared.fields),
+                       True)
+        if isinstance(declared, type) and dataclasses.is_dataclass(declared):
+            struct = _dataclass_struct(declared)
+            hints = typing.get_type_hints(declared)
+            fields = dataclasses.fields(declared)
+            defaults = tuple(
+                f.default if f.default is not MISSING
+                else (f.default_factory if f.default_factory is not MISSING else MISSING)  # type: ignore[misc]
+                for f in fields
+            )
+            decoders = tuple(_decoder(sf.dataType, hints[f.name]) for sf, f in zip(struct.fields, fields, strict=True))
+            return cls(struct, declared, defaults, decoders, all(d is None for d in decoders))
+        raise ConfigurationError(
+            f"a schema must be a dataclass, a Spark StructType or a DDL string like 'id string, n long'; "
+            f"got {declared!r}"
+        )
+
+    @property
+    def names(self) -> list[str]:
+        return self.struct.fieldNames()
+
+    @property
+    def arrow(self) -> pa.Schema:
+        return to_arrow_schema(self.struct, timezone="UTC")
+
+    def make(self, row: tuple[Any, ...]) -> Any:
+        """A stored tuple as the user sees it: a fresh dataclass, or the tuple itself."""
+        if self.cls is None:
+            return row
+        if self._plain:
+            return self.cls(*row)
+        return self.cls(*[v if d is None else d(v) for v, d in zip(row, self._decoders, strict=True)])
+
+    def unmake(self, value: Any) -> tuple[Any, ...]:
+        """A user object (dataclass, tuple, dict or Row) as a stored tuple, checked for shape."""
+        names = self.names
+        if self.cls is not None and isinstance(value, self.cls):
+            return tuple(_encoder(getattr(value, n)) for n in names)
+        if isinstance(value, dict):
+            missing = [n for n in names if n not in value]
+            if missing:
+                raise TypeError(f"the dict lacks field(s) {missing} of {self.describe()}")
+            return tuple(_encoder(value[n]) for n in names)
+        if isinstance(value, (tuple, list)) and self.cls is None:
+            if len(value) != len(names):
+                raise TypeError(f"expected {len(names)} values for {self.describe()}, got {len(value)}")
+            return tuple(_encoder(v) for v in value)
+        if self.cls is not None and isinstance(value, tuple) and len(value) == len(names):
+            return tuple(_encoder(v) for v in value)
+        raise TypeError(f"expected {self.describe()}, got {type(value).__name__}: {value!r}")
+
+    def describe(self) -> str:
+        return self.cls.__name__ if self.cls is not None else self.struct.simpleString()
+
+    def default_for(self, index: int) -> Any:
+        default = self.defaults[index]
+        if self.cls is None:
+            return None  # a field added to a Spark schema reads as null
+        if default is MISSING:
+            return MISSING
+        return default() if callable(default) else default
+
+    def reader_for(self, stored: StructType, what: str) -> Callable[[list[list[Any]]], list[tuple[Any, ...]]]:
+        """Read columns stored under ``stored`` as tuples of this schema (SPEC D5): fields
+        added since get their default, dropped fields are ignored, a changed type fails
+        naming the field."""
+        stored_types = {f.name: f.dataType for f in stored.fields}
+        stored_index = {name: i for i, name in enumerate(stored.fieldNames())}
+        plan: list[tuple[int | None, Any]] = []
+        for i, field in enumerate(self.struct.fields):
+            if field.name in stored_types:
+                if stored_types[field.name] != field.dataType:
+                    raise StateSchemaError(
+                        f"{what}: state field {field.name!r} changed type from "
+                        f"{stored_types[field.name].simpleString()} to {field.dataType.simpleString()}; "
+                        "a type change cannot keep the state. Add a new field (with a default) instead, "
+                        "or rewrite the state offline"
+                    )
+                plan.append((stored_index[field.name], None))
+            else:
+                default = self.default_for(i)
+                if default is MISSING:
+                    raise StateSchemaError(
+                        f"{what}: state field {field.name!r} is new and has no default; give it one "
+                        f"(e.g. {field.name}: ... = None) so that existing state can be read"
+                    )
+                plan.append((None, default))
+        if [p[0] for p in plan] == list(range(len(stored.fields))):
+            return lambda columns: list(zip(*columns, strict=True)) if columns else []
+
+        def read(columns: list[list[Any]]) -> list[tuple[Any, ...]]:
+            if not columns:
+                return []
+            n = len(columns[0])
+            picked = [columns[i] if i is not None else [default] * n for i, default in plan]
+            return list(zip(*picked, strict=True))
+
+        return read
+
+    def check_compatible(self, stored: StructType, what: str) -> None:
+        self.reader_for(stored, what)

@@ -1,0 +1,1 @@
+../batchline/examples/sessionization.py
