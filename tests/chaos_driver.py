@@ -1,10 +1,14 @@
 """A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
 
-    python tests/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write] [--master M]
+    python tests/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write] [--stateful]
+                                 [--master M]
 
 ``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
 protocol). ``--kill-after-first-write`` SIGKILLs this process right after the first batch
 with rows has been written, before the batch is committed (once: a marker file remembers).
+``--stateful`` writes, instead of the input rows, a running total and count per key ``n % 7``
+after every batch, as ids ``k<key>-t<total>-c<count>``: a batch applied twice to the state,
+or not at all, shows.
 """
 
 import argparse
@@ -15,6 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType  # noqa: E402
 
 from batchline import StreamingContext, StreamingListener  # noqa: E402
@@ -36,6 +41,7 @@ def main() -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("--naive-sink", action="store_true")
     parser.add_argument("--kill-after-first-write", action="store_true")
+    parser.add_argument("--stateful", action="store_true")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
 
@@ -43,6 +49,10 @@ def main() -> None:
     ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s")
     ssc.add_listener(Progress())
     events = ssc.file_stream(args.incoming, "json", SCHEMA, settle=0, max_files_per_batch=1)
+    if args.stateful:
+        events = events.with_column("k", F.col("n") % 7).group_by_key("k").flat_map_groups_with_state(
+            running_total, state_schema="total long, count long", output_schema="id string", name="totals",
+            num_partitions=3)
     marker = Path(args.checkpoint + ".killed")
     sink = FileSink(args.out, "json")
 
@@ -59,6 +69,14 @@ def main() -> None:
     print("started", flush=True)
     ssc.start()
     ssc.await_termination()
+
+
+def running_total(key, rows, state):
+    total, count = state.get() if state.exists else (0, 0)
+    for row in rows:
+        total, count = total + row.n, count + 1
+    state.update((total, count))
+    yield (f"k{key}-t{total}-c{count}",)
 
 
 if __name__ == "__main__":

@@ -61,9 +61,24 @@ def output_ids(out):
     return collections.Counter(ids)
 
 
-def run_to_completion(incoming, out, checkpoint, *flags, timeout=180):
-    """Run a driver until every input record is in the output and a few more batches passed."""
-    expected = FILES * PER_FILE
+def expected_totals():
+    """The ids the ``--stateful`` driver writes: after each file (one per batch), each touched
+    key's running total and count."""
+    totals: dict[int, tuple[int, int]] = {}
+    ids = []
+    for f in range(FILES):
+        touched = set()
+        for r in range(PER_FILE):
+            n = f * PER_FILE + r
+            total, count = totals.get(n % 7, (0, 0))
+            totals[n % 7] = (total + n, count + 1)
+            touched.add(n % 7)
+        ids += [f"k{k}-t{totals[k][0]}-c{totals[k][1]}" for k in touched]
+    return collections.Counter(ids)
+
+
+def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=FILES * PER_FILE):
+    """Run a driver until every expected record is in the output and a few more batches passed."""
     driver = Driver(incoming, out, checkpoint, *flags)
     deadline = time.monotonic() + timeout
     try:
@@ -145,3 +160,33 @@ def test_a_kill_and_restart_on_a_cluster_master_with_separate_executors(tmp_path
     run_to_completion(inputs, out, checkpoint, *master, timeout=240)
     got = output_ids(out)
     assert set(got.values()) == {1} and len(got) == FILES * PER_FILE
+
+
+def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_uninterrupted_run(tmp_path, inputs):
+    """Running totals per key: a batch whose state change were applied twice (or lost) would
+    write totals that an uninterrupted run never writes."""
+    expected = expected_totals()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    rng = random.Random(4)
+    for attempt in range(8):
+        driver = Driver(inputs, out, checkpoint, "--stateful")
+        assert driver.started.wait(60), "the driver did not start"
+        time.sleep(rng.uniform(1.0, 4.0) if attempt % 4 else rng.uniform(0.0, 1.0))
+        driver.kill()
+    run_to_completion(inputs, out, checkpoint, "--stateful", expected=sum(expected.values()))
+    got = output_ids(out)
+    assert got == expected, (f"missing {sorted(set(expected) - set(got))[:5]}, "
+                             f"unexpected {sorted(set(got) - set(expected))[:5]}")
+
+
+def test_a_stateful_pipeline_survives_a_kill_on_a_cluster_master(tmp_path, inputs):
+    """State files are written by executor processes at the checkpoint location, and a
+    restarted driver's executors (new processes) read them back."""
+    expected = expected_totals()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    master = ("--master", "local-cluster[2,1,1024]")
+    first = Driver(inputs, out, checkpoint, "--stateful", "--kill-after-first-write", *master)
+    assert first.wait_exit(180) != 0
+    run_to_completion(inputs, out, checkpoint, "--stateful", *master, timeout=240,
+                      expected=sum(expected.values()))
+    assert output_ids(out) == expected

@@ -15,15 +15,18 @@ from batchline.checkpoint.writer import CHECKPOINTS, load_latest_checkpoint
 from batchline.clock import SystemClock
 from batchline.errors import ConfigurationError
 
-__all__ = ["add_checkpoint_commands"]
+__all__ = ["add_checkpoint_commands", "storage_options"]
+
+
+def storage_options(args: argparse.Namespace) -> dict[str, Any]:
+    try:
+        return json.loads(args.storage_options) if args.storage_options else {}
+    except ValueError as error:
+        raise ConfigurationError(f"--storage-options must be a JSON object: {error}") from error
 
 
 def _storage(args: argparse.Namespace) -> CheckpointStorage:
-    try:
-        options = json.loads(args.storage_options) if args.storage_options else {}
-    except ValueError as error:
-        raise ConfigurationError(f"--storage-options must be a JSON object: {error}") from error
-    return CheckpointStorage(args.location, options)
+    return CheckpointStorage(args.location, storage_options(args))
 
 
 def _list(args: argparse.Namespace) -> int:

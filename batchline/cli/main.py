@@ -16,6 +16,7 @@ from batchline.api.context import StreamingContext
 from batchline.cli.checkpoints import add_checkpoint_commands
 from batchline.cli.demo import build_demo
 from batchline.cli.progress import BatchSummaryPrinter
+from batchline.cli.state import add_state_commands
 from batchline.errors import BatchlineError
 from batchline.spark import local_spark_session
 
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(handler=_run)
 
     add_checkpoint_commands(commands)
+    add_state_commands(commands)
     return parser
 
 

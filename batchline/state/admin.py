@@ -25,13 +25,13 @@ logger = logging.getLogger(__name__)
 
 
 def _open(checkpoint: str, operator: str, storage_options: dict[str, Any] | None) -> tuple[StateFiles, StateMetadata]:
-    storage = CheckpointStorage(checkpoint, storage_options)
-    files = StateFiles(storage, operator)
+    files = StateFiles.open(checkpoint, operator, storage_options)
     metadata = files.read_metadata()
     if metadata is None:
         known = state_operators(checkpoint, storage_options)
         raise ConfigurationError(
-            f"no state of operator {operator!r} at {storage.url}; operators with state there: {known or 'none'}"
+            f"no state of operator {operator!r} at {files.storage.url}; operators with state there: "
+            f"{known or 'none'}"
         )
     return files, metadata
 

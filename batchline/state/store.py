@@ -106,6 +106,10 @@ class StateFiles:
         self.operator = operator
         self.base = f"{STATE_DIR}/{operator}"
 
+    @classmethod
+    def open(cls, location: str, operator: str, storage_options: dict[str, Any] | None = None) -> StateFiles:
+        return cls(CheckpointStorage(location, storage_options), operator)
+
     # ---------------------------------------------------------------- metadata
     def read_metadata(self) -> StateMetadata | None:
         name = f"{self.base}/{METADATA}"
