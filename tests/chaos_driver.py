@@ -8,7 +8,8 @@ protocol). ``--kill-after-first-write`` SIGKILLs this process right after the fi
 with rows has been written, before the batch is committed (once: a marker file remembers).
 ``--stateful`` writes, instead of the input rows, a running total and count per key ``n % 7``
 after every batch, as ids ``k<key>-t<total>-c<count>``: a batch applied twice to the state,
-or not at all, shows.
+or not at all, shows. ``--fail-once`` makes the state function raise once, in the middle
+of a partition (give a master with task retries, e.g. ``local[2,2]``).
 """
 
 import argparse
@@ -42,6 +43,7 @@ def main() -> None:
     parser.add_argument("--naive-sink", action="store_true")
     parser.add_argument("--kill-after-first-write", action="store_true")
     parser.add_argument("--stateful", action="store_true")
+    parser.add_argument("--fail-once", action="store_true")
     parser.add_argument("--master", default="local[2]")
     args = parser.parse_args()
 
@@ -51,7 +53,8 @@ def main() -> None:
     events = ssc.file_stream(args.incoming, "json", SCHEMA, settle=0, max_files_per_batch=1)
     if args.stateful:
         events = events.with_column("k", F.col("n") % 7).group_by_key("k").flat_map_groups_with_state(
-            running_total, state_schema="total long, count long", output_schema="id string", name="totals",
+            make_running_total(args.checkpoint + ".failed" if args.fail_once else None),
+            state_schema="total long, count long", output_schema="id string", name="totals",
             num_partitions=3)
     marker = Path(args.checkpoint + ".killed")
     sink = FileSink(args.out, "json")
@@ -71,12 +74,22 @@ def main() -> None:
     ssc.await_termination()
 
 
-def running_total(key, rows, state):
-    total, count = state.get() if state.exists else (0, 0)
-    for row in rows:
-        total, count = total + row.n, count + 1
-    state.update((total, count))
-    yield (f"k{key}-t{total}-c{count}",)
+def make_running_total(fail_marker):
+    def running_total(key, rows, state):
+        total, count = state.get() if state.exists else (0, 0)
+        for row in rows:
+            total, count = total + row.n, count + 1
+        if fail_marker and count > 40 and key == 3:
+            try:
+                os.close(os.open(fail_marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError("injected task failure")
+        state.update((total, count))
+        yield (f"k{key}-t{total}-c{count}",)
+
+    return running_total
 
 
 if __name__ == "__main__":

@@ -190,3 +190,14 @@ def test_a_stateful_pipeline_survives_a_kill_on_a_cluster_master(tmp_path, input
     run_to_completion(inputs, out, checkpoint, "--stateful", *master, timeout=240,
                       expected=sum(expected.values()))
     assert output_ids(out) == expected
+
+
+def test_a_task_that_fails_once_is_retried_without_applying_its_batch_twice(tmp_path, inputs):
+    """The state function raises once, after other keys of its partition were processed; the
+    retried task starts again from the state before the batch."""
+    expected = expected_totals()
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    run_to_completion(inputs, out, checkpoint, "--stateful", "--fail-once", "--master", "local[2,2]",
+                      expected=sum(expected.values()))
+    assert Path(str(checkpoint) + ".failed").exists(), "the failure was not injected"
+    assert output_ids(out) == expected

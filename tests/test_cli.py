@@ -43,7 +43,8 @@ def test_demo_prints_batches_and_stops_gracefully_on_ctrl_c():
     output = "\n".join(lines)
     assert "Stopping gracefully" in output
     assert lines[-1] == "Stopped gracefully."
-    assert "Batch: " in output and "|id |events|sessions_ended|last_seen" in output
+    assert "Batch: " in output and "|user|started" in output and "|closed_by" in output
+    assert all(re.search(r"sessions: \d+ keys in state, \d+ out", s) for s in summaries), summaries
     # The generator emits 500 events/s: every full batch after the first carries 500 records.
     counts = [int(SUMMARY.match(s).group(1)) for s in summaries]
     assert 500 in counts[1:], counts

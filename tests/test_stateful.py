@@ -463,3 +463,23 @@ def test_the_cli_reads_lists_and_rescales_state(spark, tmp_path, capsys):
     assert sorted((r["key"], r["total"]) for r in rows) == [("a", 1), ("b", 2)]
     assert main(["state", "rescale", str(tmp_path), "--operator", "op", "--partitions", "5"]) == 0
     assert "2 -> 5 partitions, 2 keys" in capsys.readouterr().out
+
+
+def test_snapshots_are_written_in_the_background_and_old_versions_purged(spark, tmp_path, monkeypatch):
+    from batchline.state import operator
+
+    monkeypatch.setattr(operator, "RETAINED_VERSIONS", 3)
+    monkeypatch.setattr(operator, "PURGE_EVERY", 1)
+    p = Pipeline(spark, tmp_path, running_count, num_partitions=1).start()
+    try:
+        for i in range(14):
+            p.batch([("a", i, None)])
+    finally:
+        p.stop()
+    files = StateFiles(CheckpointStorage(str(tmp_path)), "op")
+    versions = files.list_versions(0, 0)
+    snapshots = [v for v, kinds in versions.items() if "snapshot" in kinds]
+    assert snapshots, "a worker snapshots after ten deltas"
+    assert min(versions) == snapshots[0] and len(versions) < 14  # nothing older than the snapshot is kept
+    rows = read_state(spark, str(tmp_path), "op").collect()  # loads from the snapshot plus deltas
+    assert [(r["key"], r["count"], r["total"]) for r in rows] == [("a", 14, sum(range(14)))]

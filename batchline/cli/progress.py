@@ -20,6 +20,10 @@ def summary_line(info: BatchInfo) -> str:
     ]
     if info.dead_letters:
         parts.append(f"{info.dead_letters} dead letters")
+    for progress in info.state_operators.values():
+        parts.append(f"{progress.operator}: {progress.state_keys} keys in state, {progress.output_rows} out"
+                     + (f", {progress.timed_out} timed out" if progress.timed_out else "")
+                     + (f", {progress.late_rows} late" if progress.late_rows else ""))
     if info.failure:
         parts.append(f"FAILED: {info.failure}")
     return " | ".join(parts)

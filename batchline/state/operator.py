@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import re
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,9 @@ __all__ = ["StatefulStream", "StateOperatorProgress", "DEFAULT_STATE_PARTITIONS"
 logger = logging.getLogger(__name__)
 
 DEFAULT_STATE_PARTITIONS = 8
+RETAINED_VERSIONS = 20
+"""Versions of each partition kept loadable (for the reader and for restarts)."""
+PURGE_EVERY = 10
 _RUNTIME_PROPERTY = "batchline.state.runtime"
 _ERROR = re.compile(re.escape(ERROR_START) + "(.*?)" + re.escape(ERROR_END), re.S)
 
@@ -115,6 +119,7 @@ class StatefulStream(Stream):
         self.max_event_time_ms: int | None = None
         self._stats: dict[int, Any] = {}
         self._ran: set[int] = set()
+        self._commits = 0
 
     # ---------------------------------------------------------------- lifecycle
     def open(self, manager: CheckpointManager, zero_time: int) -> None:
@@ -192,6 +197,22 @@ class StatefulStream(Stream):
         if batch_time in self._ran:
             self._ran.discard(batch_time)
             self.prev_version = batch_time
+            self._commits += 1
+            if self._commits % PURGE_EVERY == 0:
+                threading.Thread(target=self._purge, name=f"batchline-state-purge-{self.name}", daemon=True).start()
+
+    def _purge(self) -> None:
+        """Delete state files older than the retained versions, off the batch's path."""
+        assert self._files is not None and self.metadata is not None
+        try:
+            removed = sum(self._files.purge(self.metadata.generation, p, RETAINED_VERSIONS)
+                          for p in range(self.metadata.num_partitions))
+            if removed:
+                logger.info("Operator %s: removed %d state files older than its %d retained versions", self.name,
+                            removed, RETAINED_VERSIONS)
+        except Exception:
+            logger.exception("Purging old state files of operator %s failed; retrying after later batches",
+                             self.name)
 
     # ---------------------------------------------------------------- batches
     def _compute(self, batch_time: int) -> DataFrame:

@@ -144,6 +144,26 @@ class StateFiles:
         self.storage.replace(f"{self.partition_dir(generation, partition)}/{_file_name(version, kind)}",
                              sink.getvalue())
 
+    def purge(self, generation: int, partition: int, retain: int) -> int:
+        """Delete files no longer needed to load the newest ``retain`` versions: everything
+        below the newest snapshot at or under the oldest retained version."""
+        versions = self.list_versions(generation, partition)
+        ordered = sorted(versions)
+        if len(ordered) <= retain:
+            return 0
+        oldest_kept = ordered[-retain]
+        floors = [v for v in ordered if v <= oldest_kept and SNAPSHOT in versions[v]]
+        if not floors:
+            return 0
+        removed = 0
+        for v in ordered:
+            if v >= floors[-1]:
+                break
+            for kind in versions[v]:
+                self.storage.delete(f"{self.partition_dir(generation, partition)}/{_file_name(v, kind)}")
+                removed += 1
+        return removed
+
     def read(self, generation: int, partition: int, version: int, kind: str) -> pa.Table:
         data = self.storage.read(f"{self.partition_dir(generation, partition)}/{_file_name(version, kind)}")
         return ipc.open_file(pa.BufferReader(data)).read_all()
