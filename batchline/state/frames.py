@@ -17,7 +17,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 
 from batchline.errors import ConfigurationError
 from batchline.state.execution import load_partition
-from batchline.state.schema import RowSchema
+from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import SNAPSHOT, StateFiles, StateMetadata, entries_table
 
 __all__ = ["write_state_frame", "read_state_frame", "TIMEOUT_COLUMN"]
@@ -45,7 +45,7 @@ def write_state_frame(df: DataFrame, files: StateFiles, metadata: StateMetadata,
         partition = TaskContext.get().partitionId()
         entries: dict[Any, tuple[tuple[Any, ...], int | None]] = {}
         for batch in batches:
-            cols = [c.to_pylist() for c in batch.columns]
+            cols = [as_python(c) for c in batch.columns]
             key_values = cols[0] if single_key else list(zip(*cols[:n_keys], strict=True))
             values = list(zip(*cols[n_keys:n_keys + n_state], strict=True))
             timeouts = cols[-1] if with_timeout else [None] * len(key_values)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import enum
+import functools
 from typing import Generic, TypeVar
 
 from batchline.batch_time import format_batch_time, parse_duration_ms
@@ -17,6 +18,12 @@ __all__ = ["GroupState", "GroupStateTimeout", "NoStateError", "TimeoutNotEnabled
 
 S = TypeVar("S")
 NO_TIMESTAMP = -1
+
+
+@functools.lru_cache(maxsize=256)
+def _parse_text_duration(text: str) -> int:
+    # Called for every key of every batch, nearly always with the same text.
+    return parse_duration_ms(text, "timeout duration")
 
 
 class GroupStateTimeout(enum.Enum):
@@ -104,14 +111,16 @@ class GroupState(Generic[S]):
             )
         duration_ms = duration if isinstance(duration, int) and not isinstance(duration, bool) else None
         if duration_ms is None:
-            duration_ms = parse_duration_ms(duration, "timeout duration")
+            duration_ms = (_parse_text_duration(duration) if isinstance(duration, str)
+                           else parse_duration_ms(duration, "timeout duration"))
         elif duration_ms <= 0:
             raise ConfigurationError(f"timeout duration must be positive; got {duration} ms")
         self.timeout_timestamp_ms = self._processing_time_ms + duration_ms
 
     def set_timeout_timestamp(self, timestamp: int | _dt.datetime, additional_duration: object | None = None) -> None:
         """Time the key out once the event-time watermark passes ``timestamp`` (epoch ms or an
-        aware datetime) plus ``additional_duration``; it cannot lie before the current watermark."""
+        datetime; a naive one is UTC, as batchline hands timestamps out) plus ``additional_duration``;
+        it cannot lie before the current watermark."""
         if self._timeout is not GroupStateTimeout.EVENT_TIME:
             raise TimeoutNotEnabledError(
                 "set_timeout_timestamp needs timeout=GroupStateTimeout.EVENT_TIME on the operator; "
@@ -121,7 +130,7 @@ class GroupState(Generic[S]):
             )
         if isinstance(timestamp, _dt.datetime):
             if timestamp.tzinfo is None:
-                raise ConfigurationError("set_timeout_timestamp needs a timezone-aware datetime (e.g. UTC)")
+                timestamp = timestamp.replace(tzinfo=_dt.UTC)
             timestamp_ms = int(timestamp.timestamp() * 1000)
         else:
             timestamp_ms = int(timestamp)

@@ -108,13 +108,30 @@ def _decoder(data_type: DataType, hint: Any) -> Callable[[Any], Any] | None:
     return None
 
 
-def _encoder(value: Any) -> Any:
-    """A user value made Arrow-ready: nested dataclasses become dicts, sets become lists."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _encoder(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, (list, tuple, set, frozenset)):
-        return [_encoder(v) for v in value]
-    return value
+def _encoder(hint: Any) -> Callable[[Any], Any] | None:
+    """How a declared field's value becomes Arrow-ready (None: as it is). Compiled once per
+    field, because it runs for every updated key of every batch."""
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        inner = _encoder(next(a for a in typing.get_args(hint) if a is not type(None)))
+        return None if inner is None else (lambda v: None if v is None else inner(v))
+    if dataclasses.is_dataclass(hint):
+        nested = RowSchema.of(hint)
+        return lambda v: None if v is None else dict(zip(nested.names, nested.unmake(v), strict=True))
+    if origin in (list, tuple, set, frozenset) or hint in (list, tuple):
+        element = _encoder((typing.get_args(hint) or (None,))[0])
+        if element is not None:
+            return lambda v: None if v is None else [element(x) for x in v]
+        return None if origin is list else (lambda v: None if v is None else list(v))
+    return None
+
+
+def as_python(column: pa.ChunkedArray | pa.Array) -> list[Any]:
+    """An Arrow column as Python values. Timestamps become naive datetimes in UTC, as PySpark
+    hands them out: pyarrow's time-zone-aware conversion costs 80 times more."""
+    if pa.types.is_timestamp(column.type):
+        return column.cast(pa.timestamp("us")).to_numpy(zero_copy_only=False).tolist()
+    return column.to_pylist()
 
 
 @dataclass(frozen=True)
@@ -129,6 +146,12 @@ class RowSchema:
     """Each field's default (MISSING when it has none), for reading state written before the field existed."""
     _decoders: tuple[Callable[[Any], Any] | None, ...]
     _plain: bool
+    _encoders: tuple[Callable[[Any], Any] | None, ...] = ()
+
+    def __post_init__(self) -> None:
+        # Read for every key of every batch: computed once.
+        object.__setattr__(self, "_names", tuple(self.struct.fieldNames()))
+        object.__setattr__(self, "_encode", any(e is not None for e in self._encoders))
 
     @classmethod
     def of(cls, declared: Any) -> RowSchema:
@@ -139,8 +162,8 @@ class RowSchema:
             if not isinstance(declared, StructType):
                 raise ConfigurationError(f"a row schema must be a struct, e.g. 'id string, n long'; got {declared}")
         if isinstance(declared, StructType):
-            return cls(declared, None, tuple(None for _ in declared.fields), tuple(None for _ in declared.fields),
-                       True)
+            nothing = tuple(None for _ in declared.fields)
+            return cls(declared, None, nothing, nothing, True, nothing)
         if isinstance(declared, type) and dataclasses.is_dataclass(declared):
             struct = _dataclass_struct(declared)
             hints = typing.get_type_hints(declared)
@@ -151,15 +174,16 @@ class RowSchema:
                 for f in fields
             )
             decoders = tuple(_decoder(sf.dataType, hints[f.name]) for sf, f in zip(struct.fields, fields, strict=True))
-            return cls(struct, declared, defaults, decoders, all(d is None for d in decoders))
+            encoders = tuple(_encoder(hints[f.name]) for f in fields)
+            return cls(struct, declared, defaults, decoders, all(d is None for d in decoders), encoders)
         raise ConfigurationError(
             f"a schema must be a dataclass, a Spark StructType or a DDL string like 'id string, n long'; "
             f"got {declared!r}"
         )
 
     @property
-    def names(self) -> list[str]:
-        return self.struct.fieldNames()
+    def names(self) -> tuple[str, ...]:
+        return self._names  # type: ignore[attr-defined,no-any-return]
 
     @property
     def arrow(self) -> pa.Schema:
@@ -177,19 +201,19 @@ class RowSchema:
         """A user object (dataclass, tuple, dict or Row) as a stored tuple, checked for shape."""
         names = self.names
         if self.cls is not None and isinstance(value, self.cls):
-            return tuple(_encoder(getattr(value, n)) for n in names)
-        if isinstance(value, dict):
+            row: tuple[Any, ...] = tuple([getattr(value, n) for n in names])
+        elif isinstance(value, dict):
             missing = [n for n in names if n not in value]
             if missing:
                 raise TypeError(f"the dict lacks field(s) {missing} of {self.describe()}")
-            return tuple(_encoder(value[n]) for n in names)
-        if isinstance(value, (tuple, list)) and self.cls is None:
-            if len(value) != len(names):
-                raise TypeError(f"expected {len(names)} values for {self.describe()}, got {len(value)}")
-            return tuple(_encoder(v) for v in value)
-        if self.cls is not None and isinstance(value, tuple) and len(value) == len(names):
-            return tuple(_encoder(v) for v in value)
-        raise TypeError(f"expected {self.describe()}, got {type(value).__name__}: {value!r}")
+            row = tuple([value[n] for n in names])
+        elif isinstance(value, (tuple, list)) and len(value) == len(names):
+            row = tuple(value)
+        else:
+            raise TypeError(f"expected {self.describe()}, got {type(value).__name__}: {value!r}")
+        if self._encode:  # type: ignore[attr-defined]
+            return tuple([v if e is None else e(v) for v, e in zip(row, self._encoders, strict=True)])
+        return row
 
     def describe(self) -> str:
         return self.cls.__name__ if self.cls is not None else self.struct.simpleString()

@@ -34,7 +34,7 @@ from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.errors import BatchlineError
-from batchline.state.schema import RowSchema
+from batchline.state.schema import RowSchema, as_python
 
 __all__ = ["StateMetadata", "StateFiles", "StateVersionError", "PartitionData", "STATE_DIR"]
 
@@ -251,10 +251,10 @@ def apply_table(entries: dict[Any, tuple[tuple[Any, ...], int | None]], table: p
     """Apply a delta or snapshot to ``entries`` (a snapshot to an empty dict); returns the keys."""
     if table.num_rows == 0:
         return []
-    key_columns = [table.column(n).to_pylist() for n in table.column_names if n.startswith(KEY_PREFIX)]
+    key_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
     keys = key_columns[0] if single_key else list(zip(*key_columns, strict=True))
     reader = state.reader_for(stored_state_schema(table), what)
-    state_columns = [table.column(n).to_pylist() for n in table.column_names if n.startswith(STATE_PREFIX)]
+    state_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(STATE_PREFIX)]
     values = reader(state_columns)
     timeouts = table.column(TIMEOUT_COL).to_pylist()
     removed = table.column(REMOVED_COL).to_pylist()
