@@ -29,7 +29,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.state import GroupStateTimeout as SparkTimeout
-from pyspark.sql.types import ArrayType, LongType, StringType, StructField, StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from batchline import StreamingContext
 from batchline.checkpoint.storage import CheckpointStorage
@@ -135,8 +135,11 @@ def run_batchline(spark: SparkSession, input_dir: Path, files: int, checkpoint: 
 
 
 # ------------------------------------------------------------------ the peer
+# PySpark 4.3's applyInPandasWithState cannot read an array in its state schema (its worker
+# fails with KeyError: 'elementType'), so the peer keeps the session's events joined in one string.
 SSS_STATE = StructType([StructField("started", LongType()), StructField("last_seen", LongType()),
-                        StructField("events", ArrayType(StringType()))])
+                        StructField("events", StringType())])
+_SEP = "\x1f"
 SSS_OUTPUT = StructType([StructField("user", LongType()), StructField("started", LongType()),
                          StructField("ended", LongType()), StructField("events", LongType()),
                          StructField("closed_by", StringType())])
@@ -148,10 +151,11 @@ def sss_update_session(key: Any, frames: Any, state: Any) -> Any:
     if state.hasTimedOut:
         started, last_seen, events = state.get
         state.remove()
-        yield pd.DataFrame([(user, started, last_seen, len(events), "timeout")], columns=SSS_OUTPUT.fieldNames())
+        yield pd.DataFrame([(user, started, last_seen, len(events.split(_SEP)), "timeout")],
+                           columns=SSS_OUTPUT.fieldNames())
         return
     session = state.getOption
-    session = (session[0], session[1], list(session[2])) if session is not None else None
+    session = (session[0], session[1], session[2].split(_SEP)) if session is not None else None
     closed = []
     for pdf in frames:
         pdf = pdf.sort_values("ts")
@@ -167,7 +171,7 @@ def sss_update_session(key: Any, frames: Any, state: Any) -> Any:
     if session is None:
         state.remove()
     else:
-        state.update(session)
+        state.update((session[0], session[1], _SEP.join(session[2])))
         state.setTimeoutDuration(60_000)
     if closed:
         yield pd.DataFrame(closed, columns=SSS_OUTPUT.fieldNames())

@@ -162,7 +162,8 @@ def test_a_kill_and_restart_on_a_cluster_master_with_separate_executors(tmp_path
     assert set(got.values()) == {1} and len(got) == FILES * PER_FILE
 
 
-def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_uninterrupted_run(tmp_path, inputs):
+def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_uninterrupted_run(
+        spark, tmp_path, inputs):
     """Running totals per key: a batch whose state change were applied twice (or lost) would
     write totals that an uninterrupted run never writes."""
     expected = expected_totals()
@@ -177,6 +178,14 @@ def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_u
     got = output_ids(out)
     assert got == expected, (f"missing {sorted(set(expected) - set(got))[:5]}, "
                              f"unexpected {sorted(set(got) - set(expected))[:5]}")
+    from batchline.state import read_state
+
+    state = {row["k"]: (row["total"], row["count"]) for row in read_state(spark, str(checkpoint), "totals").collect()}
+    totals: dict[int, tuple[int, int]] = {}
+    for n in range(FILES * PER_FILE):
+        total, count = totals.get(n % 7, (0, 0))
+        totals[n % 7] = (total + n, count + 1)
+    assert state == totals
 
 
 def test_a_stateful_pipeline_survives_a_kill_on_a_cluster_master(tmp_path, inputs):

@@ -483,3 +483,42 @@ def test_snapshots_are_written_in_the_background_and_old_versions_purged(spark, 
     assert min(versions) == snapshots[0] and len(versions) < 14  # nothing older than the snapshot is kept
     rows = read_state(spark, str(tmp_path), "op").collect()  # loads from the snapshot plus deltas
     assert [(r["key"], r["count"], r["total"]) for r in rows] == [("a", 14, sum(range(14)))]
+
+
+def test_keys_and_state_that_differ_only_in_nullability_are_the_same_schema(spark, tmp_path):
+    """spark.range gives non-null columns, other sources nullable ones: neither is a change."""
+    initial = spark.range(3).selectExpr("cast(id as string) as key", "1L as count", "0L as total")
+    p = Pipeline(spark, tmp_path, running_count, initial_state=initial).start()
+    try:
+        assert p.batch([("1", 1, None)]) == [{"key": "0", "count": 1}, {"key": "1", "count": 2},
+                                             {"key": "2", "count": 1}]
+    finally:
+        p.stop()
+
+
+def test_a_timeout_fires_in_real_time_without_more_input(spark, tmp_path):
+    """End to end on the system clock: one event, then nothing; the session closes on its own."""
+    ssc = StreamingContext(spark, "500ms", checkpoint=str(tmp_path))
+    queue = ssc.queue_stream([spark.createDataFrame([("solo", 1, at(1))], SCHEMA)], schema=SCHEMA)
+
+    def fn(key, rows, state):
+        if state.has_timed_out:
+            state.remove()
+            yield {"key": key, "count": -1}
+            return
+        state.update(Count(sum(1 for _ in rows), 0))
+        state.set_timeout_duration("1 second")
+
+    sink = CollectSink()
+    queue.group_by_key("key").flat_map_groups_with_state(
+        fn, state_schema=Count, output_schema="key string, count long", timeout=GroupStateTimeout.PROCESSING_TIME
+    ).foreach_batch(sink)
+    ssc.start()
+    try:
+        sink.wait_for_rows(lambda rows: rows == [{"key": "solo", "count": -1}], timeout=60)
+        timed_out_in = [t for t, rows in sink.batches.items() if rows]
+        first = min(sink.batches)
+        # Deadline: first batch + 1 s; it fires in the first batch strictly after it.
+        assert timed_out_in == [first + 1500]
+    finally:
+        ssc.stop(graceful=False)

@@ -159,12 +159,12 @@ class StatefulStream(Stream):
             self.metadata = StateMetadata(self.name, self.num_partitions, 0, key_schema, self.state_schema.struct,
                                           self.timeout.name)
             self._files.write_metadata(self.metadata)
-        elif self.metadata.key_schema != key_schema:
+        elif self.metadata.key_schema.simpleString() != key_schema.simpleString():  # nullability may differ
             raise ConfigurationError(
                 f"operator {self.name!r}: the key columns are now {key_schema.simpleString()}, but the stored "
                 f"state is keyed by {self.metadata.key_schema.simpleString()}; keys cannot change type"
             )
-        elif self.metadata.state_schema != self.state_schema.struct:
+        elif self.metadata.state_schema.simpleString() != self.state_schema.struct.simpleString():
             self.metadata = StateMetadata(self.name, self.metadata.num_partitions, self.metadata.generation,
                                           key_schema, self.state_schema.struct, self.timeout.name)
             self._files.write_metadata(self.metadata)  # type: ignore[union-attr]

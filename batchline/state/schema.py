@@ -235,7 +235,7 @@ class RowSchema:
         plan: list[tuple[int | None, Any]] = []
         for i, field in enumerate(self.struct.fields):
             if field.name in stored_types:
-                if stored_types[field.name] != field.dataType:
+                if stored_types[field.name].simpleString() != field.dataType.simpleString():
                     raise StateSchemaError(
                         f"{what}: state field {field.name!r} changed type from "
                         f"{stored_types[field.name].simpleString()} to {field.dataType.simpleString()}; "
