@@ -296,12 +296,7 @@ class KeyedStream:
         key columns and state fields to start from; ``fn`` is called for each of its keys in
         the first batch.
         """
-        from batchline.state.group_state import GroupStateTimeout
-        from batchline.state.operator import StatefulStream
-
-        return StatefulStream(self, fn, flat=True, state_schema=state_schema, output_schema=output_schema,
-                              timeout=timeout or GroupStateTimeout.NO_TIMEOUT, name=name,
-                              num_partitions=num_partitions, initial_state=initial_state)
+        return self._with_state(fn, True, state_schema, output_schema, timeout, name, num_partitions, initial_state)
 
     def map_groups_with_state(
         self,
@@ -315,9 +310,14 @@ class KeyedStream:
         initial_state: InitialState | None = None,
     ) -> StatefulStream:
         """Like ``flat_map_groups_with_state``, with exactly one output row per call."""
+        return self._with_state(fn, False, state_schema, output_schema, timeout, name, num_partitions, initial_state)
+
+    def _with_state(self, fn: Callable[..., Any], flat: bool, state_schema: Any, output_schema: Any,
+                    timeout: GroupStateTimeout | None, name: str | None, num_partitions: int | None,
+                    initial_state: InitialState | None) -> StatefulStream:
         from batchline.state.group_state import GroupStateTimeout
         from batchline.state.operator import StatefulStream
 
-        return StatefulStream(self, fn, flat=False, state_schema=state_schema, output_schema=output_schema,
+        return StatefulStream(self, fn, flat=flat, state_schema=state_schema, output_schema=output_schema,
                               timeout=timeout or GroupStateTimeout.NO_TIMEOUT, name=name,
                               num_partitions=num_partitions, initial_state=initial_state)

@@ -119,13 +119,14 @@ def rescale_state(
     try:
         version = _latest(files, metadata)
         state = RowSchema.of(metadata.state_schema)
-        before = read_state_frame(spark, files, metadata, state, version)
+        before = read_state_frame(spark, files, metadata, state, version).persist()  # read once, count and write
         expected = before.count()
         new = dataclasses.replace(metadata, num_partitions=num_partitions, generation=metadata.generation + 1)
         files.storage.delete(f"{files.base}/g{new.generation}", recursive=True)  # leftovers of a crashed rescale
         written = write_state_frame(before, files, new, state, version, initial=False)
         if written != expected:
             raise ConfigurationError(f"rescale wrote {written} keys but the state holds {expected}; nothing changed")
+        before.unpersist()
         files.write_metadata(new)
         files.storage.delete(f"{files.base}/g{metadata.generation}", recursive=True)
         logger.info("Rescaled operator %s from %d to %d partitions at version %d (%d keys)", operator,

@@ -24,7 +24,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql.types import StructType
 
-from batchline.checkpoint.storage import CheckpointStorage
 from batchline.errors import BatchlineError
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
@@ -49,9 +48,8 @@ class StateFunctionError(BatchlineError):
 class TaskSpec:
     """Everything a task needs, shipped with the task (never written to a checkpoint)."""
 
-    url: str
-    storage_options: dict[str, Any]
-    operator: str
+    files: StateFiles
+    """The operator's state files; shipped by URL and options, each worker opens its own."""
     generation: int
     key_names: tuple[str, ...]
     key_schema: StructType
@@ -69,6 +67,10 @@ class TaskSpec:
     event_time_column: str | None
     stats: Any
     """A Spark accumulator that sums ``Stats`` fields (max for the event time)."""
+
+    @property
+    def operator(self) -> str:
+        return self.files.operator
 
 
 @dataclass
@@ -106,15 +108,6 @@ class _Cached:
 
 _CACHE: collections.OrderedDict[tuple[str, str, int, int], _Cached] = collections.OrderedDict()
 _CACHE_LOCK = threading.Lock()
-_STORAGES: dict[str, CheckpointStorage] = {}
-
-
-def _storage(spec: TaskSpec) -> CheckpointStorage:
-    storage = _STORAGES.get(spec.url)
-    if storage is None:
-        storage = _STORAGES[spec.url] = CheckpointStorage(spec.url, spec.storage_options)
-    return storage
-
 
 def load_partition(files: StateFiles, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
                    version: int | None, below: int | None = None,
@@ -155,7 +148,7 @@ def _index_of(entries: dict[Any, tuple[tuple[Any, ...], int | None]]) -> Timeout
 
 
 def _cached_partition(spec: TaskSpec, files: StateFiles, partition: int) -> _Cached:
-    cache_key = (spec.url, spec.operator, spec.generation, partition)
+    cache_key = (files.storage.url, spec.operator, spec.generation, partition)
     single_key = len(spec.key_names) == 1
     with _CACHE_LOCK:
         cached = _CACHE.pop(cache_key, None)
@@ -185,7 +178,7 @@ def _cached_partition(spec: TaskSpec, files: StateFiles, partition: int) -> _Cac
 
 def _remember(spec: TaskSpec, partition: int, cached: _Cached) -> None:
     with _CACHE_LOCK:
-        _CACHE[(spec.url, spec.operator, spec.generation, partition)] = cached
+        _CACHE[(spec.files.storage.url, spec.operator, spec.generation, partition)] = cached
         while len(_CACHE) > MAX_CACHED_PARTITIONS:
             _CACHE.popitem(last=False)
 
@@ -254,7 +247,7 @@ def _fail(spec: TaskSpec, key: Any, what: str) -> StateFunctionError:
 
 
 def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch], partition: int) -> Iterator[pa.RecordBatch]:
-    files = StateFiles(_storage(spec), spec.operator)
+    files = spec.files
     cached = _cached_partition(spec, files, partition)
     completed = False
     # The cyclic collector would walk the whole resident state again and again while a batch

@@ -11,6 +11,7 @@ DataFrame is built before the previous batch has finished.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
@@ -165,8 +166,8 @@ class StatefulStream(Stream):
                 f"state is keyed by {self.metadata.key_schema.simpleString()}; keys cannot change type"
             )
         elif self.metadata.state_schema.simpleString() != self.state_schema.struct.simpleString():
-            self.metadata = StateMetadata(self.name, self.metadata.num_partitions, self.metadata.generation,
-                                          key_schema, self.state_schema.struct, self.timeout.name)
+            self.metadata = dataclasses.replace(self.metadata, state_schema=self.state_schema.struct,
+                                                timeout=self.timeout.name)
             self._files.write_metadata(self.metadata)  # type: ignore[union-attr]
         return self.metadata
 
@@ -229,10 +230,9 @@ class StatefulStream(Stream):
         metadata = self._ensure_metadata(StructType([df.schema[k] for k in self.key_names]))
         stats = self.env.spark.sparkContext.accumulator(Stats(), _StatsParam())
         self._stats[batch_time] = stats
-        storage = self._manager.storage
+        assert self._files is not None
         template = TaskSpec(
-            url=storage.url, storage_options=self._manager.settings.storage_options, operator=self.name,
-            generation=metadata.generation, key_names=self.key_names, key_schema=metadata.key_schema,
+            files=self._files, generation=metadata.generation, key_names=self.key_names, key_schema=metadata.key_schema,
             state=self.state_schema, output=self.output_schema, fn=self.fn, flat=self.flat, timeout=self.timeout,
             batch_time=batch_time, prev_version=None, token=0, watermark_ms=None,
             event_time_column=self.watermark[0] if self.watermark else None, stats=stats,
