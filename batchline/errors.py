@@ -10,6 +10,7 @@ __all__ = [
     "BatchFailedError",
     "SourceError",
     "SinkError",
+    "JavaNotFoundError",
 ]
 
 
@@ -31,6 +32,10 @@ class ContextStateError(BatchlineError, RuntimeError):
 
 class SourceError(BatchlineError):
     """A source could not list, read or receive its input."""
+
+
+class JavaNotFoundError(ConfigurationError):
+    """Spark cannot start: no Java runtime, or one older than Spark needs."""
 
 
 class SinkError(BatchlineError):

@@ -1,4 +1,4 @@
-"""The demo, as a newcomer runs it: a real process, stopped with Ctrl-C."""
+"""The command line as a newcomer meets it: the demo as a real process, and a clear word without Java."""
 
 import os
 import re
@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
 SUMMARY = re.compile(
     r"^batch \d{4}-\d\d-\d\dT[\d:.]+Z \| (\d+) records \| scheduling delay -?\d+ ms \| processing time \d+ ms"
@@ -48,3 +49,59 @@ def test_demo_prints_batches_and_stops_gracefully_on_ctrl_c():
     # The generator emits 500 events/s: every full batch after the first carries 500 records.
     counts = [int(SUMMARY.match(s).group(1)) for s in summaries]
     assert 500 in counts[1:], counts
+
+
+def _batchline_command() -> str:
+    """The ``batchline`` script the install put beside this interpreter, as a user runs it."""
+    script = Path(sys.executable).with_name("batchline")
+    assert script.exists(), f"{script} is missing: install the package with the README's first command"
+    return str(script)
+
+
+def test_demo_runs_batches_for_a_duration_and_stops_gracefully(tmp_path):
+    checkpoint = tmp_path / "checkpoint"
+    result = subprocess.run(
+        [_batchline_command(), "demo", "--rate", "200", "--batch-interval", "1s", "--master", "local[2]",
+         "--duration", "8", "--checkpoint", str(checkpoint)],
+        capture_output=True, text=True, timeout=240, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    summaries = [line for line in result.stdout.splitlines() if SUMMARY.match(line)]
+    assert len(summaries) >= 2, output[-3000:]
+    assert f"checkpoints in {checkpoint}" in result.stdout
+    assert "Ran for 8 s; stopping gracefully..." in result.stdout
+    assert result.stdout.splitlines()[-1] == "Stopped gracefully."
+    assert "Traceback" not in output
+    assert any(checkpoint.iterdir()), "the demo wrote no checkpoint"
+
+
+def _run_cli_without_java(tmp_path, path_dirs):
+    env = {k: v for k, v in os.environ.items() if k != "JAVA_HOME"}
+    env["PATH"] = os.pathsep.join(str(d) for d in path_dirs)
+    return subprocess.run([sys.executable, "-m", "batchline.cli.main", "demo", "--duration", "1"],
+                          capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+
+def test_cli_without_java_says_so_without_a_traceback(tmp_path):
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    result = _run_cli_without_java(tmp_path, [empty])
+    assert result.returncode != 0
+    assert "no java was found on PATH" in result.stderr, result.stderr
+    assert "Install Java 17" in result.stderr and "JAVA_HOME" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "Py4J" not in result.stderr and "py4j" not in result.stderr
+
+
+def test_cli_with_an_old_java_names_the_version_found(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "java"
+    fake.write_text('#!/bin/sh\necho \'openjdk version "11.0.22" 2024-01-16\' >&2\n')
+    fake.chmod(0o755)
+    result = _run_cli_without_java(tmp_path, [bin_dir])
+    assert result.returncode != 0
+    assert f"{fake} (from PATH) is Java 11" in result.stderr, result.stderr
+    assert "Spark needs Java 17 or newer" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout

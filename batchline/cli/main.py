@@ -18,7 +18,7 @@ from batchline.cli.demo import build_demo
 from batchline.cli.progress import BatchSummaryPrinter
 from batchline.cli.state import add_state_commands
 from batchline.errors import BatchlineError
-from batchline.spark import local_spark_session
+from batchline.spark import check_java, local_spark_session
 
 __all__ = ["main"]
 
@@ -77,6 +77,7 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    check_java()  # before the pipeline's own SparkSession, which would fail with a Py4J trace
     runpy.run_path(args.pipeline, run_name="__main__")
     return 0
 
