@@ -1,51 +1,10 @@
-"""Durations and batch times: everything internal is integer milliseconds."""
+"""Batch times: epoch milliseconds, printed as ISO time (durations are in ``durations``)."""
 
 from __future__ import annotations
 
 import datetime as _dt
-import re
 
-from batchline.errors import ConfigurationError
-
-__all__ = ["BatchTime", "parse_duration_ms", "format_batch_time"]
-
-_UNITS_MS = {
-    "ms": 1, "millisecond": 1, "milliseconds": 1,
-    "s": 1000, "sec": 1000, "second": 1000, "seconds": 1000,
-    "m": 60_000, "min": 60_000, "minute": 60_000, "minutes": 60_000,
-    "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
-}
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
-
-
-def parse_duration_ms(value: object, what: str = "duration") -> int:
-    """Read "1s", "500 ms", "1 minute", a timedelta, or a number of seconds as milliseconds.
-
-    Raises ConfigurationError for anything else and for values that are not positive.
-    """
-    if isinstance(value, bool):
-        raise ConfigurationError(f"{what} must be a duration such as '1s'; got {value!r}")
-    if isinstance(value, _dt.timedelta):
-        ms = value / _dt.timedelta(milliseconds=1)
-    elif isinstance(value, (int, float)):
-        ms = value * 1000
-    elif isinstance(value, str):
-        match = _DURATION.match(value.lower())
-        if not match or match.group(2) not in _UNITS_MS:
-            raise ConfigurationError(
-                f"{what} {value!r} is not a duration; write it like '500ms', '1s', '2 minutes'"
-            )
-        ms = float(match.group(1)) * _UNITS_MS[match.group(2)]
-    else:
-        raise ConfigurationError(
-            f"{what} must be a string like '1s', a timedelta or seconds; got {type(value).__name__}"
-        )
-    if ms != int(ms):
-        raise ConfigurationError(f"{what} {value!r} must be a whole number of milliseconds")
-    if ms <= 0:
-        raise ConfigurationError(f"{what} must be positive; got {value!r}")
-    return int(ms)
-
+__all__ = ["BatchTime", "format_batch_time"]
 
 def format_batch_time(ms: int) -> str:
     stamp = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from batchline.batch_time import format_batch_time
+
 __all__ = [
     "BatchlineError",
     "ConfigurationError",
@@ -46,8 +48,6 @@ class BatchFailedError(BatchlineError):
     """A job of a batch failed; the pipeline stops and the batch is not marked processed."""
 
     def __init__(self, batch_time: int, job_name: str, cause: BaseException) -> None:
-        from batchline.batch_time import format_batch_time
-
         self.batch_time = batch_time
         self.job_name = job_name
         self.cause = cause

@@ -1,4 +1,6 @@
-"""Helpers for testing pipelines: a manual clock, a batch recorder and a collecting sink."""
+"""Helpers for testing pipelines: a manual clock, a batch recorder, a collecting sink, a
+replayable list source with end and abort markers, a harness that runs a pipeline one batch
+at a time, and a tester for a state function without Spark."""
 
 from __future__ import annotations
 
@@ -6,14 +8,33 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
+from batchline.api.context import StreamingContext
+from batchline.api.stream import Stream
 from batchline.batch_time import BatchTime
 from batchline.clock import ManualClock
+from batchline.errors import ConfigurationError
 from batchline.scheduler.listener import BatchInfo, StreamingListener
+from batchline.sources.lists import END, Abort, AbortedForTest, ListSource
 from batchline.spark import local_spark_session
 
-__all__ = ["ManualClock", "BatchRecorder", "CollectSink", "local_spark_session", "wait_for"]
+# TESTER-PENDING from batchline.state.tester import StateFunctionTester
+
+__all__ = [
+    "END",
+    "Abort",
+    "AbortedForTest",
+    "BatchHarness",
+    "BatchRecorder",
+    "CollectSink",
+    "ManualClock",
+    # TESTER-PENDING "StateFunctionTester",
+    "list_stream",
+    "local_spark_session",
+    "wait_for",
+]
 
 
 def wait_for(predicate: Callable[[], bool], condition: threading.Condition, timeout: float, what: str) -> None:
@@ -89,3 +110,68 @@ class CollectSink:
 
     def wait_for_rows(self, predicate: Callable[[list[dict[str, Any]]], bool], timeout: float = 60) -> None:
         wait_for(lambda: predicate(self.all_rows()), self._changed, timeout, "expected rows")
+
+
+def _struct(schema: StructType | str) -> StructType:
+    parsed = StructType.fromDDL(schema) if isinstance(schema, str) else schema
+    if not isinstance(parsed, StructType):
+        raise ConfigurationError(f"a row schema is a StructType or DDL like 'key string, value long'; got {schema!r}")
+    return parsed
+
+
+def list_stream(ssc: StreamingContext, items: list[Any], schema: StructType | str, name: str = "list") -> Stream:
+    """A replayable input over ``items``: each a list of rows for one batch, ``END`` or ``Abort()``."""
+    node = ListSource(ssc.batch_interval_ms, items, _struct(schema), name)
+    return Stream(ssc.graph.add_input(node), ssc.graph)
+
+
+class BatchHarness:
+    """Runs a pipeline one batch at a time on a manual clock: rows in, the output's rows back.
+
+    ``build(input_stream)`` returns the stream whose batches ``batch()`` returns; its input
+    takes the rows given to each ``batch()`` call (dicts or tuples of ``schema``)::
+
+        harness = BatchHarness(spark, lambda s: s.group_by_key("key").flat_map_groups_with_state(...),
+                               "key string, value long", checkpoint=str(tmp_path)).start()
+        assert harness.batch([("a", 1)]) == [{"key": "a", "count": 1}]
+        harness.stop()
+    """
+
+    def __init__(self, spark: SparkSession, build: Callable[[Stream], Stream], schema: StructType | str, *,
+                 checkpoint: str | None = None, batch_interval_ms: int = 1000, start_ms: int = 100_000,
+                 **context_options: Any) -> None:
+        self.spark = spark
+        self.schema = _struct(schema)
+        self.clock = ManualClock(start_ms)
+        self.interval_ms = batch_interval_ms
+        self.ssc = StreamingContext(spark, batch_interval_ms / 1000, clock=self.clock, checkpoint=checkpoint,
+                                    **context_options)
+        self.recorder = BatchRecorder()
+        self.ssc.add_listener(self.recorder)
+        self.input = self.ssc.queue_stream([], schema=self.schema)
+        self.output = build(self.input)
+        self.sink = CollectSink()
+        self.output.foreach_batch(self.sink, name="collect")
+        self.batch_time = start_ms
+
+    def start(self) -> BatchHarness:
+        self.ssc.start()
+        return self
+
+    def batch(self, rows: list[Any] | tuple[Any, ...] = (), timeout: float = 120) -> list[dict[str, Any]]:
+        """Queue ``rows`` for the next batch, run it, and return its output rows (sorted)."""
+        if rows:
+            self.input.push(self.spark.createDataFrame(list(rows), self.schema))
+        self.clock.advance(self.interval_ms)
+        self.batch_time += self.interval_ms
+        info = self.recorder.wait_for_batch(self.batch_time, timeout)
+        if info.failure is not None:
+            raise AssertionError(f"batch {BatchTime(self.batch_time)} failed: {info.failure}")
+        return self.sink.batches.get(self.batch_time, [])
+
+    def info(self) -> BatchInfo:
+        """The newest completed batch's statistics."""
+        return self.recorder.completed[-1]
+
+    def stop(self) -> None:
+        self.ssc.stop(graceful=False)

@@ -14,6 +14,7 @@ from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import LogWatcher
 
 GENERATOR = "batchline.scheduler.job_generator"
+RESTART = "batchline.recovery.restart"  # the seed's restart lines, now beside the batch commit
 
 
 class Pipeline:
@@ -66,7 +67,7 @@ def test_restart_reruns_the_pending_batch_then_the_down_time_batches_in_order(sp
         second.recorder.wait_for_batch(19_000)
         second.run_until(20_000)
         second.ssc.stop()
-    lines = logs.messages(GENERATOR)
+    lines = logs.messages(RESTART) + logs.messages(GENERATOR)
     assert "Batches during down time (4 batches): 16000 ms, 17000 ms, 18000 ms, 19000 ms" in lines
     assert "Batches pending processing (1 batches): 15000 ms" in lines
     assert ("Batches to reschedule (5 batches): 15000 ms, 16000 ms, 17000 ms, 18000 ms, 19000 ms"
@@ -100,7 +101,7 @@ def test_batches_pending_at_the_checkpoint_rerun_with_their_logged_inputs(spark,
         second.ssc.start()
         second.recorder.wait_for_batch(15_000)
         second.ssc.stop()
-    assert "Batches pending processing (2 batches): 13000 ms, 14000 ms" in logs.messages(GENERATOR)
+    assert "Batches pending processing (2 batches): 13000 ms, 14000 ms" in logs.messages(RESTART)
     assert event_numbers(first.sink) + event_numbers(second.sink) == list(range(50))
 
 
@@ -111,7 +112,7 @@ def test_the_backlog_after_down_time_is_spread_under_the_rate_limit(spark, tmp_p
     first.ssc.stop()
     second = Pipeline(spark, tmp_path, 30_500, concurrent_jobs=1)
     # A new generator rate after an upgrade: the backlog is 50 events a batch, the cap 15.
-    second.events.rate = 50
+    second.events.node.rate = 50
     second.ssc.start()
     second.recorder.wait_for_batch(30_000)
     second.ssc.stop()

@@ -45,7 +45,7 @@ def test_batches_align_to_the_interval_and_events_come_in_order(spark):
         ssc.start()
         try:
             assert ssc.job_generator.start_time == 11_000  # next multiple of 1 s after 10.5 s
-            assert ssc.graph.zero_time == 10_000  # one interval earlier
+            assert ssc.pipeline.zero_time == 10_000  # one interval earlier
             clock.advance(500)
             recorder.wait_for_batch(11_000)
             clock.advance(1000)

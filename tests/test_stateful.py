@@ -9,10 +9,9 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from batchline import BatchFailedError, ConfigurationError, StreamingContext
 from batchline.checkpoint.storage import CheckpointStorage
-from batchline.clock import ManualClock
 from batchline.state import GroupStateTimeout, StateFunctionError, StateSchemaError, read_state, state_versions
 from batchline.state.store import StateFiles
-from batchline.testing import BatchRecorder, CollectSink
+from batchline.testing import BatchHarness, CollectSink, ManualClock
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("value", LongType()),
                      StructField("ts", TimestampType())])
@@ -29,46 +28,25 @@ class Count:
     total: int
 
 
-class Pipeline:
+class Pipeline(BatchHarness):
     """A queue of DataFrames in, a stateful operator, its output collected per batch."""
 
     def __init__(self, spark, checkpoint, fn, state_schema=Count, output_schema="key string, count long",
                  timeout=GroupStateTimeout.NO_TIMEOUT, start_ms=START, watermark=None, flat=True, **kwargs):
-        self.spark = spark
-        self.clock = ManualClock(start_ms)
-        self.ssc = StreamingContext(spark, "1s", clock=self.clock, checkpoint=str(checkpoint))
-        self.recorder = BatchRecorder()
-        self.ssc.add_listener(self.recorder)
-        self.queue = self.ssc.queue_stream([], schema=SCHEMA)
-        stream = self.queue.with_watermark("ts", watermark) if watermark else self.queue
-        keyed = stream.group_by_key("key")
-        method = keyed.flat_map_groups_with_state if flat else keyed.map_groups_with_state
-        self.output = method(fn, state_schema=state_schema, output_schema=output_schema, timeout=timeout,
-                             name="op", **kwargs)
-        self.sink = CollectSink()
-        self.output.foreach_batch(self.sink, name="collect")
-        self.batch_time = start_ms
+        def build(stream):
+            stream = stream.with_watermark("ts", watermark) if watermark else stream
+            keyed = stream.group_by_key("key")
+            method = keyed.flat_map_groups_with_state if flat else keyed.map_groups_with_state
+            return method(fn, state_schema=state_schema, output_schema=output_schema, timeout=timeout, name="op",
+                          **kwargs)
 
-    def start(self):
-        self.ssc.start()
-        return self
+        super().__init__(spark, build, SCHEMA, checkpoint=str(checkpoint), start_ms=start_ms)
+        self.queue = self.input
 
     def batch(self, rows=()):
-        """Queue ``rows`` (key, value, ts seconds) for the next batch, run it, return its output."""
-        if rows:
-            self.queue.push(self.spark.createDataFrame(
-                [(k, v, at(ts if ts is not None else self.batch_time / 1000)) for k, v, ts in rows], SCHEMA))
-        self.clock.advance(1000)
-        self.batch_time += 1000
-        info = self.recorder.wait_for_batch(self.batch_time)
-        assert info.failure is None, info.failure
-        return self.sink.batches.get(self.batch_time, [])
-
-    def info(self):
-        return self.recorder.completed[-1]
-
-    def stop(self):
-        self.ssc.stop(graceful=False)
+        """Run the next batch with ``rows`` (key, value, ts seconds; None: the batch time) and
+        return its output."""
+        return super().batch([(k, v, at(ts if ts is not None else self.batch_time / 1000)) for k, v, ts in rows])
 
 
 def running_count(key, rows, state):

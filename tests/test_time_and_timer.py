@@ -5,8 +5,9 @@ import threading
 
 import pytest
 
-from batchline.batch_time import BatchTime, parse_duration_ms
+from batchline.batch_time import BatchTime
 from batchline.clock import ManualClock
+from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.scheduler.event_loop import EventLoop
 from batchline.scheduler.timer import RecurringTimer

@@ -12,10 +12,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from batchline.api.env import PipelineEnv
-from batchline.api.graph import StreamGraph
-from batchline.api.stream import Stream
-from batchline.batch_time import parse_duration_ms
+from batchline.api.stream import FileStream, QueueStream, Stream
 from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import (
     DEFAULT_KEEP,
@@ -24,18 +21,21 @@ from batchline.checkpoint.manager import (
     default_checkpoint_interval_ms,
 )
 from batchline.checkpoint.model import Checkpoint
-from batchline.checkpoint.received_blocks import ReceivedBlockLog
 from batchline.clock import Clock, SystemClock
+from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError, ContextStateError
-from batchline.scheduler.job_generator import JobGenerator
+from batchline.recovery import BatchCommit
+from batchline.scheduler.input_info import InputInfoTracker
+from batchline.scheduler.job_generator import GeneratorSettings, JobGenerator
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.listener import ListenerBus, StreamingListener
 from batchline.scheduler.receiver_tracker import ReceiverTracker
-from batchline.sources.files import FileInputStream
-from batchline.sources.generator import GeneratorInputStream
-from batchline.sources.queue import QueueInputStream
-from batchline.sources.receiver import BlockGenerator, Receiver
-from batchline.sources.socket import ReceiverInputStream, SocketReceiver
+from batchline.sources.files import FileSource
+from batchline.sources.generator import GeneratorSource
+from batchline.sources.queue import QueueSource
+from batchline.sources.receiver import Receiver
+from batchline.sources.socket import ReceiverSource, SocketReceiver
+from batchline.streams import PipelineRuntime, RuntimeEnv, StreamGraph, StreamRuntime
 
 __all__ = ["StreamingContext", "ContextState"]
 
@@ -94,10 +94,13 @@ class StreamingContext:
             checkpoint_storage_options, lease_ttl,
         )
         self._checkpoints: CheckpointManager | None = None
-        graph = StreamGraph(self.batch_interval_ms)
-        if remember is not None:
-            graph.remember_ms = parse_duration_ms(remember, "remember duration")
-        self.env = PipelineEnv(spark, self.clock, self.batch_interval_ms, graph)
+        self.graph = StreamGraph(self.batch_interval_ms,
+                                 parse_duration_ms(remember, "remember duration") if remember is not None else None)
+        """The pipeline's description, built by the input and stream methods."""
+        self.input_info = InputInfoTracker()
+        self.receiver_tracker = ReceiverTracker()
+        self.pipeline: PipelineRuntime | None = None
+        """The running pipeline, once started."""
         self._listener_bus = ListenerBus()
         self._concurrent_jobs = concurrent_jobs
         self._state = ContextState.INITIALIZED
@@ -106,7 +109,6 @@ class StreamingContext:
         self._error: BaseException | None = None
         self._scheduler: JobScheduler | None = None
         self._generator: JobGenerator | None = None
-        self._receivers: list[ReceiverInputStream] = []
 
     # ---------------------------------------------------------------- inputs
     def file_stream(
@@ -121,7 +123,7 @@ class StreamingContext:
         name: str | None = None,
         storage_options: dict[str, Any] | None = None,
         max_files_per_batch: int | None = None,
-    ) -> FileInputStream:
+    ) -> FileStream:
         """New files under ``path`` (local or any fsspec URL): json (lines), csv, parquet or text.
 
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
@@ -129,12 +131,13 @@ class StreamingContext:
         ``max_files_per_batch`` spreads a backlog (after down time) over several batches.
         """
         self._check_can_add()
-        return FileInputStream(
-            self.env, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
+        node = FileSource(
+            self.batch_interval_ms, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
             storage_options=storage_options, max_files_per_batch=max_files_per_batch,
         )
+        return FileStream(self.graph.add_input(node), self.graph)
 
-    def text_file_stream(self, path: str, **kwargs: Any) -> FileInputStream:
+    def text_file_stream(self, path: str, **kwargs: Any) -> FileStream:
         return self.file_stream(path, "text", **kwargs)
 
     def socket_text_stream(
@@ -150,9 +153,8 @@ class StreamingContext:
         """Records stored by your own :class:`Receiver`, as rows with one column ``value``."""
         self._check_can_add()
         block_ms = parse_duration_ms(block_interval, "block interval")
-        stream = ReceiverInputStream(self.env, receiver, block_ms, name or type(receiver).__name__)
-        self._receivers.append(stream)
-        return stream
+        node = ReceiverSource(self.batch_interval_ms, receiver, block_ms, name or type(receiver).__name__)
+        return Stream(self.graph.add_input(node), self.graph)
 
     def generator_stream(
         self,
@@ -164,22 +166,24 @@ class StreamingContext:
         partitions: int | None = None,
         name: str = "generator",
         max_records_per_batch: int | None = None,
-    ) -> GeneratorInputStream:
+    ) -> Stream:
         """Deterministic user events ``{id, data, is_last, ts}`` at ``rate`` events per second;
         ``max_records_per_batch`` spreads a backlog (after down time) over several batches."""
         self._check_can_add()
-        return GeneratorInputStream(
-            self.env, rate, users=users, seed=seed, last_event_probability=last_event_probability,
+        node = GeneratorSource(
+            self.batch_interval_ms, rate, users=users, seed=seed, last_event_probability=last_event_probability,
             partitions=partitions, name=name, max_records_per_batch=max_records_per_batch,
         )
+        return Stream(self.graph.add_input(node), self.graph)
 
     def queue_stream(
         self, frames: Iterable[DataFrame], *, schema: StructType | None = None,
         one_at_a_time: bool = True, name: str = "queue",
-    ) -> QueueInputStream:
+    ) -> QueueStream:
         """One queued DataFrame per batch (or all queued, with ``one_at_a_time=False``)."""
         self._check_can_add()
-        return QueueInputStream(self.env, frames, schema, one_at_a_time, name)
+        node = QueueSource(self.batch_interval_ms, frames, schema, one_at_a_time, name)
+        return QueueStream(self.graph.add_input(node), self.graph)
 
     def union(self, *streams: Stream) -> Stream:
         if not streams:
@@ -198,9 +202,11 @@ class StreamingContext:
     def state(self) -> ContextState:
         return self._state
 
-    @property
-    def graph(self) -> StreamGraph:
-        return self.env.graph
+    def runtime_of(self, stream: Stream) -> StreamRuntime:
+        """What ``stream`` holds in the running pipeline (its generated batches, its position)."""
+        if self.pipeline is None:
+            raise ContextStateError("the pipeline has no runtime before start(); call start() first")
+        return self.pipeline.runtime_of(stream.node)
 
     @property
     def job_generator(self) -> JobGenerator | None:
@@ -210,10 +216,6 @@ class StreamingContext:
     def checkpoint_manager(self) -> CheckpointManager | None:
         """The checkpoint location's manager, once a checkpointed context has started."""
         return self._checkpoints
-
-    @property
-    def receiver_tracker(self) -> ReceiverTracker | None:
-        return self.env.receiver_tracker
 
     def _check_can_add(self) -> None:
         if self._state is not ContextState.INITIALIZED:
@@ -230,44 +232,50 @@ class StreamingContext:
                     f"start() called on a {self._state.value} streaming context; a context starts "
                     "once, so create a new one to run again"
                 )
-            self.env.graph.validate()
-            if self.env.graph.stateful and self._concurrent_jobs > 1:
+            self.graph.validate()
+            if self.graph.ordered_batches and self._concurrent_jobs > 1:
                 raise ConfigurationError(
                     "stateful operators build each batch on the previous one; use concurrent_jobs=1"
                 )
-            if self.env.graph.stateful and self.checkpoint_settings is None:
-                self.env.graph.open_state(None, 0)  # raises: state needs a checkpoint location
-            tracker = ReceiverTracker([s.input_id for s in self._receivers])
-            self.env.receiver_tracker = tracker
-            settings = SchedulerSettings(
-                batch_interval_ms=self.batch_interval_ms,
-                concurrent_jobs=self._concurrent_jobs,
-                graceful_stop_timeout_ms=self.graceful_stop_timeout_ms,
-                job_group_prefix=f"batchline-{uuid.uuid4().hex[:8]}",
-            )
-            self._scheduler = JobScheduler(
-                settings, self.spark, self.clock, self.env.input_info, self._listener_bus, self._fail
-            )
             checkpoint = self._open_checkpoints()
-            self._generator = JobGenerator(
-                self._scheduler, self.env.graph, self.clock, tracker, self.env.input_info, self._checkpoints
-            )
-            self._scheduler.job_generator = self._generator
             try:
-                self._generator.start(checkpoint)
+                self._start_running(checkpoint)
             except BaseException:
-                self._generator.stop(process_received_data=False)
-                self._scheduler.shutdown(graceful=False)
                 if self._checkpoints is not None:
                     self._checkpoints.close()
                 raise
-            for stream in self._receivers:
-                stream.receiver._start(  # noqa: SLF001 - the context supervises its receivers
-                    BlockGenerator(stream.input_id, self.clock, stream.block_interval_ms, stream.store_block,
-                                   stream.next_block_id)
-                )
             self._state = ContextState.ACTIVE
         logger.info("StreamingContext started (batch interval %d ms)", self.batch_interval_ms)
+
+    def _start_running(self, checkpoint: Checkpoint | None) -> None:
+        """Turn the description into runtime objects, wire the scheduler, start generating."""
+        env = RuntimeEnv(self.spark, self.clock, self.batch_interval_ms, self.input_info, self.receiver_tracker,
+                         self._checkpoints, self.graph.consumed())
+        self.pipeline = PipelineRuntime(self.graph, env)
+        commit = BatchCommit(self.pipeline, self._checkpoints, self.clock)
+        generator: JobGenerator
+
+        def commit_batch(batch_time: int) -> None:
+            commit.commit(batch_time)
+            generator.on_batch_committed(batch_time)
+
+        self._scheduler = JobScheduler(
+            SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
+                              f"batchline-{uuid.uuid4().hex[:8]}"),
+            self.spark, self.clock, self.input_info, self._listener_bus, self._fail, commit_batch,
+        )
+        generator = self._generator = JobGenerator(
+            GeneratorSettings(self.batch_interval_ms, self.graceful_stop_timeout_ms), commit, self.clock,
+            self.receiver_tracker, self.input_info, self._scheduler.submit_job_set, self._scheduler.report_error,
+            self._checkpoints,
+        )
+        try:
+            generator.start(checkpoint)
+        except BaseException:
+            generator.stop(process_received_data=False)
+            self._scheduler.shutdown(graceful=False)
+            raise
+        self.pipeline.start_inputs()
 
     def _open_checkpoints(self) -> Checkpoint | None:
         """Take the location's lease and load its newest checkpoint (None: start fresh)."""
@@ -281,8 +289,6 @@ class StreamingContext:
             leftovers = [name for name in storage.list_names("") if name != LEASE_FILE]
             logger.log(logging.WARNING if leftovers else logging.INFO, "No checkpoint in %s; starting fresh",
                        storage.url)
-        for stream in self._receivers:
-            stream.block_log = ReceivedBlockLog(storage, stream.name, stream.input_id)
         return checkpoint
 
     def await_termination(self, timeout: float | None = None) -> bool:
@@ -313,10 +319,10 @@ class StreamingContext:
                 return
             self._state = ContextState.STOPPED
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
-        assert self._generator is not None and self._scheduler is not None
+        if self.pipeline is None or self._generator is None or self._scheduler is None:
+            raise ContextStateError("the context is active but was never fully started; this is a bug in batchline")
         try:
-            for stream in self._receivers:
-                stream.receiver._stop(graceful)  # noqa: SLF001 - the context supervises its receivers
+            self.pipeline.stop_inputs(graceful)
             self._generator.stop(process_received_data=graceful)
             self._scheduler.shutdown(graceful)
             if self._checkpoints is not None:

@@ -12,6 +12,7 @@ from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import CheckpointWriter, load_latest_checkpoint
 from batchline.clock import Clock
+from batchline.errors import ContextStateError
 
 __all__ = ["CheckpointSettings", "CheckpointManager", "default_checkpoint_interval_ms"]
 
@@ -55,6 +56,11 @@ class CheckpointManager:
         self.writer = CheckpointWriter(self.storage, self._clock, self.settings.keep, self.lease.check,
                                        known=retained)
         return checkpoint
+
+    def checkpoint_writer(self) -> CheckpointWriter:
+        if self.writer is None:
+            raise ContextStateError(f"the checkpoint location {self.storage.url} is not open; call open() first")
+        return self.writer
 
     def log_batch(self, batch_time: int, allocations: dict[str, dict[str, Any]]) -> None:
         self.lease.check()

@@ -4,13 +4,21 @@ stored at the checkpoint location, one immutable file per block."""
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
-from batchline.scheduler.receiver_tracker import Block
 
-__all__ = ["ReceivedBlockLog"]
+__all__ = ["Block", "ReceivedBlockLog"]
 
 RECEIVED = "received"
+
+
+@dataclass(frozen=True)
+class Block:
+    stream_id: int
+    block_id: int
+    records: tuple[str, ...]
+    received_time: int
 
 
 class ReceivedBlockLog:

@@ -44,11 +44,11 @@ class ClosedSession:
 
 def update_session(user: int, events: Iterator, state: GroupState[UserSession]) -> Iterator[ClosedSession]:
     if state.has_timed_out:
-        session = state.get()
+        closed = state.get()
         state.remove()
-        yield ClosedSession(user, session.started, session.last_seen, len(session.events), "timeout")
+        yield ClosedSession(user, closed.started, closed.last_seen, len(closed.events), "timeout")
         return
-    session = state.get_option()
+    session: UserSession | None = state.get_option()
     for event in sorted(events, key=lambda e: e.ts):
         if session is None:
             session = UserSession(user, event.ts, event.ts)

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import concurrent.futures
+import functools
 import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from pyspark.sql import SparkSession
 
@@ -17,9 +17,6 @@ from batchline.errors import BatchFailedError
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, JobSet
 from batchline.scheduler.listener import BatchInfo, ListenerBus
-
-if TYPE_CHECKING:
-    from batchline.scheduler.job_generator import JobGenerator
 
 __all__ = ["JobScheduler", "SchedulerSettings"]
 
@@ -41,7 +38,8 @@ class JobScheduler:
     """Runs job sets, at most ``concurrent_jobs`` batches at a time, in submission order.
 
     The jobs of one batch run one after another on the same thread, inside a Spark job group
-    named after the batch, so an immediate stop can cancel exactly the running batches.
+    named after the batch, so an immediate stop can cancel exactly the running batches. Once
+    they all succeeded, ``commit(batch_time)`` commits the batch on that same thread.
     """
 
     def __init__(
@@ -52,6 +50,7 @@ class JobScheduler:
         input_info: InputInfoTracker,
         listener_bus: ListenerBus,
         on_error: Callable[[BaseException], None],
+        commit: Callable[[int], None],
     ) -> None:
         self.settings = settings
         self._spark = spark
@@ -59,13 +58,13 @@ class JobScheduler:
         self._input_info = input_info
         self._listener_bus = listener_bus
         self._on_error = on_error
+        self._commit = commit
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.concurrent_jobs, thread_name_prefix="batchline-job"
         )
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[None]] = {}
         self._cancelling = False
-        self.job_generator: JobGenerator | None = None
 
     # ---------------------------------------------------------------- submission
     def submit_job_set(self, job_set: JobSet) -> None:
@@ -76,7 +75,7 @@ class JobScheduler:
         future = self._executor.submit(self._run_job_set, job_set)
         with self._lock:
             self._futures[job_set.time] = future
-        future.add_done_callback(lambda _, t=job_set.time: self._forget_future(t))
+        future.add_done_callback(functools.partial(self._forget_future, job_set.time))
         if job_set.jobs:
             logger.info("Added jobs for time %d ms", job_set.time)
 
@@ -107,9 +106,8 @@ class JobScheduler:
                 except BaseException as cause:
                     raise BatchFailedError(job_set.time, job.name, cause) from cause
             job_set.processing_end_time = self._clock.now_ms()
-            assert self.job_generator is not None
             try:
-                self.job_generator.on_batch_completion(job_set.time)  # the commit marker
+                self._commit(job_set.time)
             except BaseException as cause:
                 raise BatchFailedError(job_set.time, "commit", cause) from cause
         except BatchFailedError as error:
@@ -130,7 +128,7 @@ class JobScheduler:
             job_set.processing_end_time - job_set.processing_start_time,
         )
 
-    def _forget_future(self, batch_time: int) -> None:
+    def _forget_future(self, batch_time: int, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.pop(batch_time, None)
 

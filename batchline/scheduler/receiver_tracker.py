@@ -5,25 +5,18 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 
-__all__ = ["Block", "ReceiverTracker"]
+from batchline.checkpoint.received_blocks import Block
+
+__all__ = ["ReceiverTracker"]
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Block:
-    stream_id: int
-    block_id: int
-    records: tuple[str, ...]
-    received_time: int
 
 
 class ReceiverTracker:
     """Holds every receiver's blocks until a batch takes them and that batch is cleaned up."""
 
-    def __init__(self, stream_ids: Sequence[int]) -> None:
+    def __init__(self, stream_ids: Sequence[int] = ()) -> None:
         self._lock = threading.Lock()
         self._unallocated: dict[int, list[Block]] = {sid: [] for sid in stream_ids}
         self._allocated: dict[int, dict[int, list[Block]]] = {}

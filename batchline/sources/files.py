@@ -11,7 +11,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 import fsspec
 from pyspark import StorageLevel
@@ -19,18 +20,14 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-from batchline.api.stream import Stream
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.storage import RawJson
 from batchline.errors import ConfigurationError, SourceError
 from batchline.scheduler.job import Job
 from batchline.sources import parsing
-from batchline.sources.base import InputStream
+from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamNode, StreamRuntime
 
-if TYPE_CHECKING:
-    from batchline.api.env import PipelineEnv
-
-__all__ = ["FileInputStream", "DeadLetterStream", "FORMATS"]
+__all__ = ["FileSource", "FileReader", "DeadLetterNode", "FORMATS"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,12 +49,14 @@ def _is_visible(name: str) -> bool:
     return not base.startswith((".", "_")) and not base.lower().endswith(_TEMPORARY_SUFFIXES)
 
 
-class FileInputStream(InputStream):
+class FileSource(InputNode):
+    """New files under ``path``, read once each; ``dead_letters`` is the stream of bad lines."""
+
     replayable = True
 
     def __init__(
         self,
-        env: PipelineEnv,
+        batch_interval_ms: int,
         path: str,
         format: str,
         schema: StructType | None = None,
@@ -79,21 +78,34 @@ class FileInputStream(InputStream):
                 f"a {format} file stream needs a schema (a StructType): batches must not change "
                 "shape with the files that happen to arrive"
             )
-        super().__init__(env, name or f"files:{path}")
+        super().__init__(name or f"files:{path}", batch_interval_ms)
         self.path = path
         self.format = format
-        self.schema = schema
-        self._header = header
-        self._sep = sep
-        self._settle_s = settle_s
+        self.schema: StructType = schema
+        self.header = header
+        self.sep = sep
+        self.settle_s = settle_s
+        self.storage_options = dict(storage_options or {})
         self.max_files_per_batch = max_files_per_batch
-        self._fs, self._root = fsspec.core.url_to_fs(path, **(storage_options or {}))
-        self._protocol = path.split("://", 1)[0] if "://" in path else "file"
+        self.dead_letters = DeadLetterNode(self)
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> FileReader:
+        return FileReader(self, env, parents)
+
+
+class FileReader(InputRuntime):
+    """A file source's run: the names it has taken, each batch's files, their parsed rows."""
+
+    node: FileSource
+
+    def __init__(self, node: FileSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
+        self._fs, self._root = fsspec.core.url_to_fs(node.path, **node.storage_options)
+        self._protocol = node.path.split("://", 1)[0] if "://" in node.path else "file"
         self._seen: set[str] = set()
         self._seen_json = bytearray()  # the seen names, JSON-encoded as they arrive
         self._batch_files: dict[int, list[str]] = {}
         self._parsed: dict[int, DataFrame] = {}
-        self.dead_letters = DeadLetterStream(self)
 
     # ---------------------------------------------------------------- allocation
     def list_new_files(self) -> list[str]:
@@ -103,8 +115,8 @@ class FileInputStream(InputStream):
         except FileNotFoundError:
             entries = []
         except OSError as error:
-            raise SourceError(f"cannot list {self.path}: {error}; check the path and its permissions") from error
-        settled_before = time.time() - self._settle_s  # file times are wall-clock times
+            raise SourceError(f"cannot list {self.node.path}: {error}; check the path and its permissions") from error
+        settled_before = time.time() - self.node.settle_s  # file times are wall-clock times
         return sorted(
             e["name"]
             for e in entries
@@ -115,9 +127,10 @@ class FileInputStream(InputStream):
         )
 
     def allocate(self, batch_time: int) -> None:
-        files = self.list_new_files()[: self.max_files_per_batch]
+        files = self.list_new_files()[: self.node.max_files_per_batch]
         if files:
-            logger.info("Batch %s takes %d new files from %s", format_batch_time(batch_time), len(files), self.path)
+            logger.info("Batch %s takes %d new files from %s", format_batch_time(batch_time), len(files),
+                        self.node.path)
         self.restore_allocation(batch_time, {"files": files}, advance=True)
 
     def allocation(self, batch_time: int) -> dict[str, Any]:
@@ -155,20 +168,21 @@ class FileInputStream(InputStream):
     def _read(self, files: list[str]) -> DataFrame:
         reader = self.env.spark.read
         urls = [self._url(f) for f in files]
-        if self.format == "parquet":
-            frame = reader.schema(self.schema).parquet(*urls)
+        node = self.node
+        if node.format == "parquet":
+            frame = reader.schema(node.schema).parquet(*urls)
             return frame.select(
-                *self.schema.fieldNames(),
+                *node.schema.fieldNames(),
                 F.lit(True).alias(parsing.OK),
                 F.lit(None).cast("string").alias(parsing.RAW),
                 F.lit(None).cast("string").alias(parsing.REASON),
                 F.col("_metadata.file_path").alias(parsing.SOURCE_FILE),
             )
         lines = reader.text(urls).select("value", F.col("_metadata.file_path").alias(parsing.SOURCE_FILE))
-        if self.format == "json":
-            return parsing.parse_json_lines(lines, self.schema)
-        if self.format == "csv":
-            return parsing.parse_csv_lines(lines, self.schema, self._sep, self._header)
+        if node.format == "json":
+            return parsing.parse_json_lines(lines, node.schema)
+        if node.format == "csv":
+            return parsing.parse_csv_lines(lines, node.schema, node.sep, node.header)
         return lines.select(
             "value",
             F.lit(True).alias(parsing.OK),
@@ -182,15 +196,15 @@ class FileInputStream(InputStream):
         self.get_or_compute(batch_time)
         return self._parsed.get(batch_time)
 
-    def _compute(self, batch_time: int) -> DataFrame:
+    def compute(self, batch_time: int) -> DataFrame:
         files = self._batch_files.get(batch_time, [])
         if not files:
-            return self.empty_frame(self.schema)
+            return self.env.empty_frame(self.node.schema)
         parsed = self._read(files).persist(StorageLevel.MEMORY_AND_DISK)
         self._parsed[batch_time] = parsed
-        return parsed.where(F.col(parsing.OK)).select(*self.schema.fieldNames())
+        return parsed.where(F.col(parsing.OK)).select(*self.node.schema.fieldNames())
 
-    def _release(self, batch_time: int, df: DataFrame) -> None:
+    def release(self, batch_time: int, df: DataFrame) -> None:
         parsed = self._parsed.pop(batch_time, None)
         if parsed is not None:
             parsed.unpersist()
@@ -208,7 +222,7 @@ class FileInputStream(InputStream):
             counts = {row[0]: row[1] for row in parsed.groupBy(parsing.OK).count().collect()}
             good, bad = counts.get(True, 0), counts.get(False, 0)
             self.report(batch_time, good, dead_letters=bad, metadata={"files": files})
-            if bad and not self.env.graph.is_consumed(self.dead_letters.stream_id):
+            if bad and self.node.dead_letters.node_id not in self.env.consumed:
                 self._log_dead_letters(batch_time, bad)
 
         return Job(batch_time, f"read:{self.name}", read_and_count)
@@ -217,7 +231,7 @@ class FileInputStream(InputStream):
         """The batch's bad records: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
         parsed = self.parsed(batch_time)
         if parsed is None:
-            return self.empty_frame(parsing.DEAD_LETTER_SCHEMA)
+            return self.env.empty_frame(parsing.DEAD_LETTER_SCHEMA)
         return parsed.where(~F.col(parsing.OK)).select(
             F.col(parsing.RAW).alias("raw_record"),
             F.col(parsing.REASON).alias("reason"),
@@ -230,18 +244,22 @@ class FileInputStream(InputStream):
         logger.warning(
             "Batch %s: %d bad records in %s went to the dead letters; attach an output to "
             "stream.dead_letters to keep them (first %d follow)",
-            format_batch_time(batch_time), bad, self.path, len(rows),
+            format_batch_time(batch_time), bad, self.node.path, len(rows),
         )
         for row in rows:
             logger.warning("Dead letter from %s: %s | raw: %s", row.source, row.reason, row.raw_record)
 
 
-class DeadLetterStream(Stream):
-    """The bad records of a file stream: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
+class DeadLetterNode(StreamNode):
+    """The bad records of a file source: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
 
-    def __init__(self, source: FileInputStream) -> None:
-        super().__init__(source.env, [source])
-        self.source = source
+    def __init__(self, source: FileSource) -> None:
+        super().__init__([source])
 
-    def _compute(self, batch_time: int) -> DataFrame:
-        return self.source.dead_letter_frame(batch_time)
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
+        return _DeadLetters(self, env, parents)
+
+
+class _DeadLetters(StreamRuntime):
+    def compute(self, batch_time: int) -> DataFrame:
+        return cast(FileReader, self.parents[0]).dead_letter_frame(batch_time)

@@ -6,19 +6,17 @@ index range; the rows are made by Spark from ``range`` and hash expressions, nev
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType, TimestampType
 
 from batchline.errors import ConfigurationError
-from batchline.sources.base import InputStream
+from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamRuntime
 
-if TYPE_CHECKING:
-    from batchline.api.env import PipelineEnv
-
-__all__ = ["GeneratorInputStream", "USER_EVENT_SCHEMA"]
+__all__ = ["GeneratorSource", "GeneratorReader", "USER_EVENT_SCHEMA"]
 
 USER_EVENT_SCHEMA = StructType(
     [
@@ -30,7 +28,7 @@ USER_EVENT_SCHEMA = StructType(
 )
 
 
-class GeneratorInputStream(InputStream):
+class GeneratorSource(InputNode):
     """UserEvent rows ``{id, data, is_last, ts}``: ``rate`` events per second of stream time.
 
     ``max_records_per_batch`` caps a batch (SPEC B4): after down time the backlog is worked
@@ -41,7 +39,7 @@ class GeneratorInputStream(InputStream):
 
     def __init__(
         self,
-        env: PipelineEnv,
+        batch_interval_ms: int,
         rate: float,
         users: int = 1000,
         seed: int = 0,
@@ -58,7 +56,7 @@ class GeneratorInputStream(InputStream):
             raise ConfigurationError(
                 f"last_event_probability must be between 0 and 1; got {last_event_probability}"
             )
-        super().__init__(env, name)
+        super().__init__(name, batch_interval_ms)
         self.rate = rate
         self.users = users
         self.seed = seed
@@ -67,18 +65,34 @@ class GeneratorInputStream(InputStream):
         if max_records_per_batch is not None and max_records_per_batch <= 0:
             raise ConfigurationError(f"max_records_per_batch must be positive; got {max_records_per_batch}")
         self.max_records_per_batch = max_records_per_batch
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> GeneratorReader:
+        return GeneratorReader(self, env, parents)
+
+
+class GeneratorReader(InputRuntime):
+    """The generator's run: the index range of each batch, and the next index to emit."""
+
+    node: GeneratorSource
+
+    def __init__(self, node: GeneratorSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
         self._ranges: dict[int, tuple[int, int]] = {}
         self._next_index = 0
 
+    def _zero_time(self) -> int:
+        if self.zero_time is None:
+            raise ConfigurationError(f"input {self.name!r} is asked for events before the pipeline started")
+        return self.zero_time
+
     def index_at(self, batch_time: int) -> int:
         """How many events the generator has emitted by ``batch_time``."""
-        assert self.zero_time is not None
-        return int((batch_time - self.zero_time) * self.rate // 1000)
+        return int((batch_time - self._zero_time()) * self.node.rate // 1000)
 
     def allocate(self, batch_time: int) -> None:
         start, end = self._next_index, max(self._next_index, self.index_at(batch_time))
-        if self.max_records_per_batch is not None:
-            end = min(end, start + self.max_records_per_batch)
+        if self.node.max_records_per_batch is not None:
+            end = min(end, start + self.node.max_records_per_batch)
         self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
 
     def allocation(self, batch_time: int) -> dict[str, Any]:
@@ -98,23 +112,22 @@ class GeneratorInputStream(InputStream):
     def restore(self, snapshot: dict[str, Any]) -> None:
         self._next_index = int(snapshot["next_index"])
 
-    def _compute(self, batch_time: int) -> DataFrame:
+    def compute(self, batch_time: int) -> DataFrame:
         start, end = self._ranges.get(batch_time, (0, 0))
         return self.events(start, end)
 
     def events(self, start: int, end: int) -> DataFrame:
         """Events ``start`` (inclusive) to ``end`` (exclusive)."""
-        assert self.zero_time is not None
-        spark = self.env.spark
+        node, spark = self.node, self.env.spark
         index = F.col("id")
-        user = F.pmod(F.xxhash64(F.lit(self.seed), index), F.lit(self.users)).cast("int")
-        last_roll = F.pmod(F.xxhash64(F.lit(self.seed + 1), index), F.lit(1_000_000))
-        millis = F.lit(self.zero_time) + (index * F.lit(1000.0 / self.rate if self.rate else 0)).cast("long")
-        frame = spark.range(start, end, numPartitions=self.partitions) if self.partitions else spark.range(start, end)
+        user = F.pmod(F.xxhash64(F.lit(node.seed), index), F.lit(node.users)).cast("int")
+        last_roll = F.pmod(F.xxhash64(F.lit(node.seed + 1), index), F.lit(1_000_000))
+        millis = F.lit(self._zero_time()) + (index * F.lit(1000.0 / node.rate if node.rate else 0)).cast("long")
+        frame = spark.range(start, end, numPartitions=node.partitions) if node.partitions else spark.range(start, end)
         return frame.select(
             user.alias("id"),
             F.concat(F.lit("event-"), index.cast("string")).alias("data"),
-            (last_roll < F.lit(int(self.last_event_probability * 1_000_000))).alias("is_last"),
+            (last_roll < F.lit(int(node.last_event_probability * 1_000_000))).alias("is_last"),
             F.timestamp_millis(millis).alias("ts"),
         )
 

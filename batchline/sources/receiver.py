@@ -8,8 +8,8 @@ import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 
+from batchline.checkpoint.received_blocks import Block
 from batchline.clock import Clock
-from batchline.scheduler.receiver_tracker import Block
 from batchline.scheduler.timer import RecurringTimer
 
 __all__ = ["Receiver", "BlockGenerator"]
@@ -84,12 +84,14 @@ class Receiver(ABC):
     def is_stopped(self) -> bool:
         return self._stopped.is_set()
 
-    def _start(self, block_generator: BlockGenerator) -> None:
+    def start_receiving(self, block_generator: BlockGenerator) -> None:
+        """Called by the pipeline once it runs: records stored from now on go into blocks."""
         self._block_generator = block_generator
         block_generator.start()
         self.on_start()
 
-    def _stop(self, graceful: bool) -> None:
+    def stop_receiving(self, graceful: bool) -> None:
+        """Called by the pipeline when it stops (gracefully: flush what was received)."""
         self.stopping_gracefully = graceful
         self._stopped.set()
         try:

@@ -6,21 +6,18 @@ import logging
 import socket
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Sequence
+from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StringType, StructField, StructType
 
-from batchline.checkpoint.received_blocks import ReceivedBlockLog
+from batchline.checkpoint.received_blocks import Block, ReceivedBlockLog
 from batchline.errors import SourceError
-from batchline.scheduler.receiver_tracker import Block, ReceiverTracker
-from batchline.sources.base import InputStream
-from batchline.sources.receiver import Receiver
+from batchline.sources.receiver import BlockGenerator, Receiver
+from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamRuntime
 
-if TYPE_CHECKING:
-    from batchline.api.env import PipelineEnv
-
-__all__ = ["SocketReceiver", "ReceiverInputStream", "TEXT_SCHEMA"]
+__all__ = ["SocketReceiver", "ReceiverSource", "ReceiverReader", "TEXT_SCHEMA"]
 
 logger = logging.getLogger(__name__)
 
@@ -109,7 +106,7 @@ class SocketReceiver(Receiver):
         self.store(raw.rstrip(b"\r").decode("utf-8", errors="replace"))
 
 
-class ReceiverInputStream(InputStream):
+class ReceiverSource(InputNode):
     """Rows ``value: string`` from the blocks a receiver stored, as allocated to each batch.
 
     With checkpointing, every block is written ahead to the checkpoint location before it
@@ -119,21 +116,35 @@ class ReceiverInputStream(InputStream):
 
     replayable = True
 
-    def __init__(self, env: PipelineEnv, receiver: Receiver, block_interval_ms: int, name: str) -> None:
-        super().__init__(env, name)
+    def __init__(self, batch_interval_ms: int, receiver: Receiver, block_interval_ms: int, name: str) -> None:
+        super().__init__(name, batch_interval_ms)
         self.receiver = receiver
         self.block_interval_ms = block_interval_ms
-        self.block_log: ReceivedBlockLog | None = None
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> ReceiverReader:
+        return ReceiverReader(self, env, parents)
+
+
+class ReceiverReader(InputRuntime):
+    node: ReceiverSource
+
+    def __init__(self, node: ReceiverSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
+        self._tracker = env.receiver_tracker
+        self.block_log = (ReceivedBlockLog(env.checkpoint.storage, node.name, node.input_id)
+                          if env.checkpoint is not None else None)
         self._batch_blocks: dict[int, list[int]] = {}
         self._missing: dict[int, list[int]] = {}
         self._allocated_through = -1
         self.next_block_id = 0
 
-    @property
-    def _tracker(self) -> ReceiverTracker:
-        tracker = self.env.receiver_tracker
-        assert tracker is not None, "the receiver tracker exists once the context has started"
-        return tracker
+    def start(self) -> None:
+        """Start the receiver, once a restart has recovered its written-ahead blocks."""
+        self.node.receiver.start_receiving(BlockGenerator(self.input_id, self.env.clock, self.node.block_interval_ms,
+                                                          self.store_block, self.next_block_id))
+
+    def stop(self, graceful: bool) -> None:
+        self.node.receiver.stop_receiving(graceful)
 
     def _records(self, batch_time: int) -> list[str]:
         return [r for block in self._tracker.get_blocks_of_batch(batch_time, self.input_id) for r in block.records]
@@ -197,7 +208,7 @@ class ReceiverInputStream(InputStream):
                 if self.block_log is not None:
                     self.block_log.delete(block_id)
 
-    def _compute(self, batch_time: int) -> DataFrame:
+    def compute(self, batch_time: int) -> DataFrame:
         if batch_time in self._missing:
             raise SourceError(
                 f"blocks {self._missing[batch_time]} of batch {batch_time} for {self.name} are missing from the "
@@ -205,5 +216,5 @@ class ReceiverInputStream(InputStream):
             )
         records = self._records(batch_time)
         if not records:
-            return self.empty_frame(TEXT_SCHEMA)
+            return self.env.empty_frame(TEXT_SCHEMA)
         return self.env.spark.createDataFrame([(r,) for r in records], TEXT_SCHEMA)

@@ -11,7 +11,8 @@ import enum
 import functools
 from typing import Generic, TypeVar
 
-from batchline.batch_time import format_batch_time, parse_duration_ms
+from batchline.batch_time import format_batch_time
+from batchline.durations import parse_duration_ms
 from batchline.errors import BatchlineError, ConfigurationError
 
 __all__ = ["GroupState", "GroupStateTimeout", "NoStateError", "TimeoutNotEnabledError", "NO_TIMESTAMP"]

@@ -1,0 +1,104 @@
+"""The batch commit: how one batch becomes durable, in order (SPEC A4, E1, E2).
+
+Step 1: log the batch: its inputs' allocations go to the batch log before any job runs
+        (``jobs_for``, on the generator's loop).
+Step 2: run its jobs: inputs read, operators write their state, outputs commit their data
+        (the job scheduler, on the batch's thread).
+Step 3: verify every partition: each node checks its work is whole (``commit``).
+Step 4: commit marker, with the operators' progress, under the lease's fencing token.
+Step 5: advance versions: every node moves on to build the next batch on this one.
+Step 6: checkpoint: the generator clears what no batch needs and writes a checkpoint on
+        the checkpoint interval (``checkpoint``, from the writer's thread).
+
+A driver that dies before Step 4 leaves a logged batch without a marker: the restart
+(``restart.plan_restart``) runs it again with exactly the logged inputs, and every output
+and state write of Step 2 is idempotent per batch time.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from batchline.checkpoint.manager import CheckpointManager
+from batchline.checkpoint.model import Checkpoint
+from batchline.clock import Clock
+from batchline.errors import ContextStateError
+from batchline.recovery.restart import plan_restart
+from batchline.scheduler.job import Job
+from batchline.streams import PipelineRuntime
+
+__all__ = ["BatchCommit"]
+
+logger = logging.getLogger(__name__)
+
+
+class BatchCommit:
+    """The steps above for one pipeline run; what the job generator calls ``Batches``."""
+
+    def __init__(self, pipeline: PipelineRuntime, checkpoints: CheckpointManager | None, clock: Clock) -> None:
+        self.pipeline = pipeline
+        self._checkpoints = checkpoints
+        self._clock = clock
+        self._restored: set[int] = set()
+        """Batches a restart re-runs; their logged inputs were given back when it began."""
+
+    @property
+    def max_input_remember_ms(self) -> int:
+        return self.pipeline.max_input_remember_ms
+
+    def start_fresh(self, zero_time: int) -> None:
+        self.pipeline.start(zero_time)
+        self.pipeline.open()
+        if self._checkpoints is not None:
+            # The first checkpoint, at zero time, is written before any batch: a crash at
+            # any later moment restarts from a checkpoint, never from nothing.
+            self._checkpoints.checkpoint_writer().write_now(self.checkpoint(zero_time, ()))
+
+    def restart(self, checkpoint: Checkpoint, restart_time: int) -> list[int]:
+        if self._checkpoints is None:
+            raise ContextStateError("a restart needs the checkpoint location it restarts from")
+        plan = plan_restart(self.pipeline, self._checkpoints, checkpoint, restart_time,
+                            self.pipeline.graph.batch_interval_ms)
+        self._restored = set(plan.restored)
+        return plan.to_reschedule
+
+    def jobs_for(self, batch_time: int) -> list[Job]:
+        # Step 1
+        if batch_time in self._restored:
+            self._restored.discard(batch_time)  # its logged inputs were given back by the restart
+        else:
+            self.pipeline.allocate_inputs(batch_time)
+            if self._checkpoints is not None:
+                self._checkpoints.log_batch(batch_time, self.pipeline.allocations(batch_time))
+        # Step 2 runs these on the job scheduler
+        return self.pipeline.generate_jobs(batch_time)
+
+    def commit(self, batch_time: int) -> None:
+        """Called on the batch's thread once every job of the batch succeeded."""
+        # Step 3
+        self.pipeline.verify(batch_time)
+        # Step 4
+        if self._checkpoints is not None:
+            self._checkpoints.commit_batch(batch_time, self.pipeline.progress())
+        # Step 5
+        self.pipeline.on_batch_committed(batch_time)
+
+    def clear_metadata(self, batch_time: int) -> None:
+        self.pipeline.clear_metadata(batch_time)
+
+    def checkpoint(self, batch_time: int, pending: tuple[int, ...]) -> Checkpoint:
+        # Step 6
+        if self._checkpoints is None or self.pipeline.zero_time is None:
+            raise ContextStateError("a checkpoint needs a started pipeline with a checkpoint location")
+        progress = self.pipeline.progress()
+        return Checkpoint(
+            time=batch_time,
+            zero_time=self.pipeline.zero_time,
+            batch_interval_ms=self.pipeline.graph.batch_interval_ms,
+            checkpoint_interval_ms=self._checkpoints.interval_ms,
+            pending_times=pending,
+            inputs=self.pipeline.snapshot(),
+            outputs=tuple(op.name for op in self.pipeline.graph.outputs),
+            written_at_ms=self._clock.now_ms(),
+            extra={"operators": progress} if progress else {},
+        )

@@ -1,0 +1,94 @@
+"""Resuming from a checkpoint: which batches re-run, with which inputs (SPEC E2, E3).
+
+Batches logged but not committed re-run with exactly their logged inputs; the batches the
+driver missed while it was down follow, in time order. The log lines are Spark Streaming's.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchline.checkpoint.manager import CheckpointManager
+from batchline.checkpoint.model import Checkpoint
+from batchline.errors import ConfigurationError
+from batchline.streams import PipelineRuntime
+
+__all__ = ["RestartPlan", "plan_restart"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RestartPlan:
+    to_reschedule: list[int]
+    """Batch times to run before the timer takes over, oldest first."""
+    restored: set[int] = field(default_factory=set)
+    """Those among them whose logged inputs were given back: they are not allocated again."""
+
+
+def _times(times: list[int], shown: int = 20) -> str:
+    """The seed's list of batch times, shortened in the middle when it is long."""
+    if len(times) <= shown:
+        return ", ".join(f"{t} ms" for t in times)
+    head, tail = times[: shown // 2], times[-(shown // 2):]
+    return (", ".join(f"{t} ms" for t in head) + f", ... ({len(times) - shown} more), "
+            + ", ".join(f"{t} ms" for t in tail))
+
+
+def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, checkpoint: Checkpoint,
+                 restart_time: int, batch_interval_ms: int) -> RestartPlan:
+    """Give the inputs back their position and the logged batches their inputs, restore the
+    operators' progress, and say which batches run before ``restart_time``."""
+    if checkpoint.batch_interval_ms != batch_interval_ms:
+        raise ConfigurationError(
+            f"the checkpoint at {checkpoints.storage.url} was written with a batch interval of "
+            f"{checkpoint.batch_interval_ms} ms, but this pipeline uses {batch_interval_ms} ms; "
+            "keep the interval, or start from a new checkpoint location"
+        )
+    batch_log = checkpoints.batch_log
+    interval = batch_interval_ms
+    pipeline.start(checkpoint.zero_time)
+    pipeline.restore(checkpoint.inputs)
+    restored: set[int] = set()
+    # The checkpoint's pending batches and the batches a window may still need get their
+    # logged allocations back, without advancing the sources: the checkpointed position
+    # already includes them.
+    window_start = max(checkpoint.zero_time + interval,
+                       checkpoint.time - pipeline.max_input_remember_ms + interval)
+    for past in sorted(set(checkpoint.pending_times) | set(range(window_start, checkpoint.time + 1, interval))):
+        allocations = batch_log.read_batch(past)
+        if allocations is not None:
+            pipeline.restore_allocations(past, allocations, advance=False)
+            restored.add(past)
+    # Batches logged after the checkpoint: advance the sources past them.
+    last_logged = checkpoint.time
+    while (allocations := batch_log.read_batch(last_logged + interval)) is not None:
+        last_logged += interval
+        pipeline.restore_allocations(last_logged, allocations, advance=True)
+        restored.add(last_logged)
+    pipeline.recover_after_restart()
+    pipeline.restore_progress(_last_committed_progress(checkpoints, checkpoint, last_logged, interval,
+                                                       pipeline.max_input_remember_ms))
+    pipeline.open()
+
+    down_times = list(range(last_logged + interval, restart_time, interval))
+    logger.info("Batches during down time (%d batches): %s", len(down_times), _times(down_times))
+    candidates = sorted(set(checkpoint.pending_times) | {t for t in restored if t > checkpoint.time})
+    pending = [t for t in candidates if t < restart_time and not batch_log.is_committed(t)]
+    logger.info("Batches pending processing (%d batches): %s", len(pending), _times(pending))
+    to_reschedule = sorted(set(pending) | set(down_times))
+    logger.info("Batches to reschedule (%d batches): %s", len(to_reschedule), _times(to_reschedule))
+    return RestartPlan(to_reschedule, restored & set(pending))
+
+
+def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpoint, last_logged: int,
+                             interval: int, remember_ms: int) -> dict[str, dict[str, Any]]:
+    """Operators' progress as of the newest committed batch (its commit marker)."""
+    oldest = max(checkpoint.zero_time, checkpoint.time - remember_ms)
+    for time in range(last_logged, oldest, -interval):
+        commit = checkpoints.batch_log.read_commit(time)
+        if commit is not None:
+            return dict(commit.get("operators", {}))
+    return dict(checkpoint.extra.get("operators", {}))

@@ -1,0 +1,321 @@
+"""The stateful operator on the driver: ``flat_map_groups_with_state`` (SPEC D1–D5, D8).
+
+``StatefulNode`` is the operator as the user describes it (function, schemas, timeout,
+name, partitions); ``StatefulRuntime`` is what it becomes when the pipeline starts: its
+stored metadata, the version the next batch builds on, the batches' statistics.
+
+Each batch the operator shuffles its input into ``num_partitions`` state partitions with
+``repartition(n, keys)`` (a shuffle by number, which adaptive execution never coalesces;
+the task count is checked every batch) and runs the state function in ``mapInArrow``. Its
+job caches the output, so outputs that read it never run the function twice, and collects
+the batch's statistics. Values that depend on the previous batch (the version to build on,
+the watermark) reach the tasks as Spark local properties of the job, because the batch's
+DataFrame is built before the previous batch has finished.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel, TaskContext
+from pyspark.accumulators import AccumulatorParam
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from batchline.errors import ConfigurationError, ContextStateError
+from batchline.scheduler.job import Job
+from batchline.state.execution import ERROR_END, ERROR_START, StateFunctionError, Stats, TaskSpec, run_partition
+from batchline.state.frames import write_state_frame
+from batchline.state.group_state import GroupStateTimeout
+from batchline.state.schema import RowSchema
+from batchline.state.store import STATE_DIR, StateFiles, StateMetadata
+from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
+from batchline.streams.base import Watermark
+
+__all__ = ["StatefulNode", "StatefulRuntime", "StateOperatorProgress", "DEFAULT_STATE_PARTITIONS"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_STATE_PARTITIONS = 8
+RETAINED_VERSIONS = 20
+"""Versions of each partition kept loadable (for the reader and for restarts)."""
+PURGE_EVERY = 10
+_RUNTIME_PROPERTY = "batchline.state.runtime"
+_ERROR = re.compile(re.escape(ERROR_START) + "(.*?)" + re.escape(ERROR_END), re.S)
+
+
+@dataclass(frozen=True)
+class StateOperatorProgress:
+    """What a stateful operator did in one batch."""
+
+    operator: str
+    input_rows: int
+    late_rows: int
+    keys_called: int
+    updated: int
+    removed: int
+    timed_out: int
+    output_rows: int
+    state_keys: int
+    watermark_ms: int | None
+
+
+class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]
+    def zero(self, value: Stats) -> Stats:
+        return Stats()
+
+    def addInPlace(self, a: Stats, b: Stats) -> Stats:  # noqa: N802 - Spark's name
+        return a.merge(b)
+
+
+class StatefulNode(StreamNode):
+    """``flat_map_groups_with_state`` / ``map_groups_with_state`` as described by the user."""
+
+    ordered_batches = True
+
+    def __init__(
+        self,
+        parent: StreamNode,
+        key_names: tuple[str, ...],
+        fn: Callable[..., Any],
+        *,
+        flat: bool,
+        state_schema: Any,
+        output_schema: Any,
+        timeout: GroupStateTimeout,
+        name: str,
+        num_partitions: int | None,
+        initial_state: DataFrame | None,
+    ) -> None:
+        super().__init__([parent])
+        if not isinstance(timeout, GroupStateTimeout):
+            raise ConfigurationError(f"timeout must be a GroupStateTimeout; got {timeout!r}")
+        if num_partitions is not None and num_partitions < 1:
+            raise ConfigurationError(f"num_partitions must be at least 1; got {num_partitions}")
+        self.key_names = key_names
+        self.fn = fn
+        self.flat = flat
+        self.state_schema = RowSchema.of(state_schema)
+        self.output_schema = RowSchema.of(output_schema)
+        self.timeout = timeout
+        self.name = name
+        self.requested_partitions = num_partitions
+        self.initial_state = initial_state
+        self.event_time: Watermark | None = parent.watermark()
+        if timeout is GroupStateTimeout.EVENT_TIME and self.event_time is None:
+            raise ConfigurationError(
+                "event-time timeouts need a watermark: call stream.with_watermark(column, delay) before grouping"
+            )
+
+    def checkpoint_claim(self) -> tuple[str, str]:
+        return (STATE_DIR, self.name)
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
+        return StatefulRuntime(self, env, parents)
+
+
+class StatefulRuntime(StreamRuntime):
+    """The operator's run: its stored metadata, the version to build on, each batch's statistics."""
+
+    node: StatefulNode
+
+    def __init__(self, node: StatefulNode, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
+        self.name = node.name
+        if env.checkpoint is None:
+            raise ConfigurationError(
+                f"stateful operator {node.name!r} keeps its state at the checkpoint location; "
+                "create the StreamingContext with checkpoint=<path or URL>"
+            )
+        self._checkpoint = env.checkpoint
+        self._files = StateFiles(env.checkpoint.storage, node.name)
+        self.metadata: StateMetadata | None = None
+        self.prev_version: int | None = None
+        self.max_event_time_ms: int | None = None
+        self._stats: dict[int, Any] = {}
+        self._ran: set[int] = set()
+        self._commits = 0
+
+    # ---------------------------------------------------------------- lifecycle
+    def open(self) -> None:
+        """Check the stored state against this operator, or set it up (with its initial state)."""
+        node, url = self.node, self._checkpoint.storage.url
+        self.metadata = self._files.read_metadata()
+        if self.metadata is None:
+            if node.initial_state is not None:
+                self._write_initial_state(node.initial_state)
+            return
+        stored = self.metadata
+        if node.requested_partitions is not None and node.requested_partitions != stored.num_partitions:
+            raise ConfigurationError(
+                f"operator {self.name!r} keeps its state in {stored.num_partitions} partitions at "
+                f"{url}, but num_partitions={node.requested_partitions} was given; the count is "
+                f"fixed in the checkpoint. Run `batchline state rescale {url} --operator "
+                f"{self.name} --partitions {node.requested_partitions}` while the pipeline is stopped, or drop "
+                "the argument"
+            )
+        if stored.timeout != node.timeout.name:
+            logger.info("Operator %s changes its timeout kind from %s to %s", self.name, stored.timeout,
+                        node.timeout.name)
+        node.state_schema.check_compatible(stored.state_schema, f"operator {self.name!r}")
+        if node.initial_state is not None:
+            logger.info("Operator %s resumes its stored state; the initial state is not applied again", self.name)
+
+    @property
+    def num_partitions(self) -> int:
+        if self.metadata is not None:
+            return self.metadata.num_partitions
+        return self.node.requested_partitions or DEFAULT_STATE_PARTITIONS
+
+    def _ensure_metadata(self, key_schema: StructType) -> StateMetadata:
+        node = self.node
+        if self.metadata is None:
+            self.metadata = StateMetadata(self.name, self.num_partitions, 0, key_schema, node.state_schema.struct,
+                                          node.timeout.name)
+            self._files.write_metadata(self.metadata)
+        elif self.metadata.key_schema.simpleString() != key_schema.simpleString():  # nullability may differ
+            raise ConfigurationError(
+                f"operator {self.name!r}: the key columns are now {key_schema.simpleString()}, but the stored "
+                f"state is keyed by {self.metadata.key_schema.simpleString()}; keys cannot change type"
+            )
+        elif self.metadata.state_schema.simpleString() != node.state_schema.struct.simpleString():
+            self.metadata = dataclasses.replace(self.metadata, state_schema=node.state_schema.struct,
+                                                timeout=node.timeout.name)
+            self._files.write_metadata(self.metadata)
+        return self.metadata
+
+    def _write_initial_state(self, df: DataFrame) -> None:
+        node = self.node
+        if self.zero_time is None:
+            raise ContextStateError(f"operator {self.name!r} is opened before the pipeline started")
+        missing = [c for c in (*node.key_names, *node.state_schema.names) if c not in df.columns]
+        if missing:
+            raise ConfigurationError(
+                f"the initial state of operator {self.name!r} lacks column(s) {missing}; it needs the key "
+                f"columns {list(node.key_names)} and the state fields {node.state_schema.names}"
+            )
+        key_schema = StructType([df.schema[k] for k in node.key_names])
+        metadata = StateMetadata(self.name, self.num_partitions, 0, key_schema, node.state_schema.struct,
+                                 node.timeout.name)
+        count = write_state_frame(df, self._files, metadata, node.state_schema, self.zero_time, initial=True)
+        self._files.write_metadata(metadata)  # last: until then, a restart writes the initial state again
+        self.metadata = metadata
+        logger.info("Operator %s starts from an initial state of %d keys", self.name, count)
+
+    def restore_progress(self, progress: dict[str, Any]) -> None:
+        self.max_event_time_ms = progress.get("max_event_time_ms")
+
+    def progress(self) -> dict[str, Any]:
+        return {"max_event_time_ms": self.max_event_time_ms}
+
+    def on_batch_committed(self, batch_time: int) -> None:
+        if batch_time in self._ran:
+            self._ran.discard(batch_time)
+            self.prev_version = batch_time
+            self._commits += 1
+            if self._commits % PURGE_EVERY == 0:
+                threading.Thread(target=self._purge, name=f"batchline-state-purge-{self.name}", daemon=True).start()
+
+    def _purge(self) -> None:
+        """Delete state files older than the retained versions, off the batch's path."""
+        if self.metadata is None:
+            return
+        try:
+            removed = sum(self._files.purge(self.metadata.generation, p, RETAINED_VERSIONS)
+                          for p in range(self.metadata.num_partitions))
+            if removed:
+                logger.info("Operator %s: removed %d state files older than its %d retained versions", self.name,
+                            removed, RETAINED_VERSIONS)
+        except Exception:
+            logger.exception("Purging old state files of operator %s failed; retrying after later batches",
+                             self.name)
+
+    # ---------------------------------------------------------------- batches
+    def compute(self, batch_time: int) -> DataFrame:
+        node = self.node
+        df = self.parent_frame(batch_time)
+        missing = [k for k in node.key_names if k not in df.columns]
+        if missing:
+            raise ConfigurationError(f"operator {self.name!r}: key column(s) {missing} are not in {df.columns}")
+        metadata = self._ensure_metadata(StructType([df.schema[k] for k in node.key_names]))
+        stats = self.env.spark.sparkContext.accumulator(Stats(), _StatsParam())
+        self._stats[batch_time] = stats
+        template = TaskSpec(
+            files=self._files, generation=metadata.generation, key_names=node.key_names, key_schema=metadata.key_schema,
+            state=node.state_schema, output=node.output_schema, fn=node.fn, flat=node.flat, timeout=node.timeout,
+            batch_time=batch_time, prev_version=None, token=0, watermark_ms=None,
+            event_time_column=node.event_time.column if node.event_time else None, stats=stats,
+        )
+
+        def task(batches: Any) -> Any:
+            context = TaskContext.get()
+            runtime = json.loads(context.getLocalProperty(_RUNTIME_PROPERTY) or "{}").get(template.operator, {})
+            spec = TaskSpec(**{**template.__dict__, **runtime})
+            return run_partition(spec, batches, context.partitionId())
+
+        out = df.repartition(metadata.num_partitions, *node.key_names).mapInArrow(task, node.output_schema.struct)
+        return out.persist(StorageLevel.MEMORY_AND_DISK)
+
+    def release(self, batch_time: int, df: DataFrame) -> None:
+        df.unpersist()
+        self._stats.pop(batch_time, None)
+
+    def watermark_ms(self) -> int | None:
+        event_time = self.node.event_time
+        if event_time is None or self.max_event_time_ms is None:
+            return None
+        return self.max_event_time_ms - event_time.delay_ms
+
+    def prepare_job(self, batch_time: int) -> Job | None:
+        if self.node.node_id not in self.env.consumed:
+            return None
+        df = self.get_or_compute(batch_time)
+        if df is None:
+            return None
+        return Job(batch_time, f"state:{self.name}", lambda: self._run(batch_time, df))
+
+    def _run(self, batch_time: int, df: DataFrame) -> None:
+        watermark = self.watermark_ms()
+        runtime = {"prev_version": self.prev_version, "token": self._checkpoint.lease.token or 0,
+                   "watermark_ms": watermark}
+        spark_context = self.env.spark.sparkContext
+        current = json.loads(spark_context.getLocalProperty(_RUNTIME_PROPERTY) or "{}")
+        current[self.name] = runtime
+        spark_context.setLocalProperty(_RUNTIME_PROPERTY, json.dumps(current))
+        try:
+            df.count()
+        except Exception as error:
+            match = _ERROR.search(str(error))
+            if match is None:
+                raise
+            raise StateFunctionError(match.group(1).strip()) from None
+        stats: Stats = self._stats[batch_time].value
+        if stats.max_event_time_ms is not None:
+            self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
+        self._ran.add(batch_time)
+        self.env.input_info.report_operator(batch_time, StateOperatorProgress(
+            self.name, stats.rows, stats.late_rows, stats.keys_called, stats.updated, stats.removed,
+            stats.timed_out, stats.output_rows, stats.state_keys, watermark))
+        if stats.late_rows:
+            logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
+                        batch_time, watermark)
+
+    def verify(self, batch_time: int) -> None:
+        """Every state partition ran: a partition that did not would lose its keys' batch."""
+        if batch_time not in self._ran:
+            return
+        stats: Stats = self._stats[batch_time].value
+        if stats.partitions != (1 << self.num_partitions) - 1:
+            self._ran.discard(batch_time)
+            raise ConfigurationError(
+                f"operator {self.name!r} ran {bin(stats.partitions).count('1')} of its {self.num_partitions} state "
+                "partitions; something (adaptive execution?) changed the shuffle, and state partitions must keep "
+                "their identity"
+            )

@@ -1,0 +1,203 @@
+"""The two halves of every stream (SPEC A5, C1).
+
+A ``StreamNode`` describes a stream: configuration only, with stable names.
+``create_runtime`` turns it into a ``StreamRuntime`` that does the work of one run, so
+building a pipeline touches no storage and no Spark job.
+
+Each batch time maps to one lazy DataFrame. A runtime remembers the DataFrames it generated
+for as long as a downstream window needs them; ``clear_metadata`` releases the rest after
+every batch. The lifecycle hooks are no-ops here; a runtime overrides those it takes part in.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
+
+from batchline.checkpoint.manager import CheckpointManager
+from batchline.clock import Clock
+from batchline.scheduler.input_info import InputInfoTracker
+from batchline.scheduler.job import Job
+from batchline.scheduler.receiver_tracker import ReceiverTracker
+
+__all__ = ["RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
+
+logger = logging.getLogger(__name__)
+
+_node_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class RuntimeEnv:
+    """What every runtime of one run shares."""
+
+    spark: SparkSession
+    clock: Clock
+    batch_interval_ms: int
+    input_info: InputInfoTracker
+    receiver_tracker: ReceiverTracker
+    checkpoint: CheckpointManager | None
+    """The checkpoint location (taken under its lease), or None for a pipeline without one."""
+    consumed: frozenset[int]
+    """Ids of the nodes some output reads from."""
+
+    def empty_frame(self, schema: StructType) -> DataFrame:
+        return self.spark.createDataFrame([], schema)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """Event time is read from ``column``; rows older than the newest seen minus ``delay_ms`` are late."""
+
+    column: str
+    delay_ms: int
+
+
+class StreamNode(ABC):
+    """A stream in a pipeline's description: its parents and what it computes from them."""
+
+    ordered_batches = False
+    """True when each batch builds on the previous one, so batches may not run concurrently."""
+
+    def __init__(self, parents: Sequence[StreamNode] = ()) -> None:
+        self.parents: tuple[StreamNode, ...] = tuple(parents)
+        self.node_id = next(_node_ids)
+
+    @property
+    def slide_ms(self) -> int:
+        """How often this stream produces a DataFrame; inputs slide every batch interval."""
+        return self.parents[0].slide_ms
+
+    @abstractmethod
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
+        """The object that runs this node for one run of the pipeline."""
+
+    def watermark(self) -> Watermark | None:
+        """The nearest watermark upstream, if any."""
+        for parent in self.parents:
+            found = parent.watermark()
+            if found is not None:
+                return found
+        return None
+
+    def checkpoint_claim(self) -> tuple[str, str] | None:
+        """(folder, name) of what this node keeps at the checkpoint location, if anything:
+        an entry of that folder that no node of the pipeline claims is refused at start."""
+        return None
+
+    def ancestors(self) -> set[int]:
+        """Ids of this node and every node it reads from."""
+        seen = {self.node_id}
+        for parent in self.parents:
+            seen |= parent.ancestors()
+        return seen
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}#{self.node_id}"
+
+
+class StreamRuntime(ABC):
+    """A node's DataFrames, batch by batch, and its part in the run's lifecycle."""
+
+    def __init__(self, node: StreamNode, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        self.node = node
+        self.env = env
+        self.parents = tuple(parents)
+        self.zero_time: int | None = None
+        self.remember_ms = 0
+        self._generated: dict[int, DataFrame] = {}
+        self._lock = threading.RLock()
+
+    # ---------------------------------------------------------------- DataFrames per batch
+    @abstractmethod
+    def compute(self, batch_time: int) -> DataFrame:
+        """Build (lazily) this node's DataFrame for a valid batch time."""
+
+    def release(self, batch_time: int, df: DataFrame) -> None:
+        """Free what a forgotten batch held (cached data, blocks); nothing by default."""
+        return None
+
+    def parent_remember_ms(self) -> int:
+        return self.remember_ms
+
+    def is_time_valid(self, batch_time: int) -> bool:
+        if self.zero_time is None or batch_time <= self.zero_time:
+            return False
+        return (batch_time - self.zero_time) % self.node.slide_ms == 0
+
+    def get_or_compute(self, batch_time: int) -> DataFrame | None:
+        """This node's DataFrame for ``batch_time``; None when the time is not on its slide."""
+        with self._lock:
+            if batch_time in self._generated:
+                return self._generated[batch_time]
+            if not self.is_time_valid(batch_time):
+                return None
+            df = self.compute(batch_time)
+            self._generated[batch_time] = df
+            return df
+
+    def parent_frame(self, batch_time: int, index: int = 0) -> DataFrame:
+        """A parent's DataFrame at a time on this node's slide (which is on every parent's)."""
+        df = self.parents[index].get_or_compute(batch_time)
+        if df is None:
+            raise ValueError(f"{self.parents[index].node!r} has no batch at {batch_time}; it slides every "
+                             f"{self.parents[index].node.slide_ms} ms")
+        return df
+
+    def initialize(self, zero_time: int) -> None:
+        self.zero_time = zero_time
+
+    def remember(self, duration_ms: int) -> None:
+        """Keep generated DataFrames for at least ``duration_ms``; parents keep what we need."""
+        if duration_ms > self.remember_ms:
+            self.remember_ms = duration_ms
+        for parent in self.parents:
+            parent.remember(self.parent_remember_ms())
+
+    def clear_metadata(self, batch_time: int) -> None:
+        """Forget DataFrames generated at or before ``batch_time - remember``."""
+        with self._lock:
+            old = [t for t in self._generated if t <= batch_time - self.remember_ms]
+            released = [(t, self._generated.pop(t)) for t in old]
+        for t, df in released:
+            self.release(t, df)
+        if old:
+            logger.debug("Cleared %d old batches of %r at %d", len(old), self.node, batch_time)
+
+    def generated_times(self) -> list[int]:
+        with self._lock:
+            return sorted(self._generated)
+
+    # ---------------------------------------------------------------- lifecycle
+    def open(self) -> None:
+        """Check what the checkpoint location holds for this node, or set it up; once per run,
+        after a restart has restored the inputs."""
+        return None
+
+    def prepare_job(self, batch_time: int) -> Job | None:
+        """A job that must run before the batch's outputs (read and count, run the state function)."""
+        return None
+
+    def verify(self, batch_time: int) -> None:
+        """Raise when the batch's work is incomplete (a state partition that did not run)."""
+        return None
+
+    def progress(self) -> dict[str, Any] | None:
+        """Progress that must survive a restart (e.g. the newest event time), kept in each commit."""
+        return None
+
+    def restore_progress(self, progress: dict[str, Any]) -> None:
+        """Take back what ``progress`` returned as of the last committed batch."""
+        return None
+
+    def on_batch_committed(self, batch_time: int) -> None:
+        """The batch is committed: move on (e.g. the state version the next batch builds on)."""
+        return None

@@ -1,0 +1,102 @@
+"""A pipeline's description (Spark's DStreamGraph, less its running state): inputs by unique
+name, output operations by unique name, and what nodes keep at the checkpoint location."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from batchline.batch_time import BatchTime
+from batchline.errors import ConfigurationError, NoOutputOperationError
+from batchline.streams.base import StreamNode
+from batchline.streams.inputs import InputNode
+from batchline.streams.output import OutputOperation
+
+__all__ = ["StreamGraph"]
+
+
+class StreamGraph:
+    def __init__(self, batch_interval_ms: int, remember_ms: int | None = None) -> None:
+        self.batch_interval_ms = batch_interval_ms
+        self.remember_ms = remember_ms
+        """How long every output's stream keeps its DataFrames at least (``remember=``)."""
+        self.inputs: list[InputNode] = []
+        self.outputs: list[OutputOperation] = []
+        self._claims: dict[tuple[str, str], StreamNode] = {}
+        self._lock = threading.Lock()
+
+    def add_input(self, node: InputNode) -> InputNode:
+        """Register an input; its name becomes unique ("queue", "queue-2", ...): checkpoints
+        find inputs by name."""
+        with self._lock:
+            node.name = _unique(node.name, {s.name for s in self.inputs})
+            node.input_id = len(self.inputs)
+            self.inputs.append(node)
+            return node
+
+    def add_output(self, node: StreamNode, fn: Callable[[DataFrame, BatchTime], Any], name: str) -> OutputOperation:
+        with self._lock:
+            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, fn)
+            self.outputs.append(operation)
+            return operation
+
+    def claim(self, node: StreamNode) -> None:
+        """Register what a node keeps at the checkpoint location; two may not keep the same."""
+        claim = node.checkpoint_claim()
+        if claim is None:
+            return
+        with self._lock:
+            if claim in self._claims:
+                raise ConfigurationError(
+                    f"two nodes keep {claim[0]}/{claim[1]} at the checkpoint location; give each a stable, "
+                    "unique name=..., which is where its state is kept"
+                )
+            self._claims[claim] = node
+
+    def claims(self) -> dict[str, set[str]]:
+        """Names claimed in each checkpoint folder."""
+        folders: dict[str, set[str]] = {}
+        for folder, name in self._claims:
+            folders.setdefault(folder, set()).add(name)
+        return folders
+
+    def validate(self) -> None:
+        if not self.outputs:
+            raise NoOutputOperationError(
+                "the pipeline has no output operation, so no batch would ever run; add one, "
+                "e.g. stream.foreach_batch(fn), stream.console() or stream.write_files(path)"
+            )
+
+    def nodes(self) -> list[StreamNode]:
+        """Every input and every node an output reads, parents before children, in build order."""
+        found: dict[int, StreamNode] = {}
+
+        def visit(node: StreamNode) -> None:
+            if node.node_id not in found:
+                for parent in node.parents:
+                    visit(parent)
+                found[node.node_id] = node
+
+        for node in [*self.inputs, *(op.node for op in self.outputs)]:
+            visit(node)
+        return sorted(found.values(), key=lambda n: n.node_id)
+
+    def consumed(self) -> frozenset[int]:
+        """Ids of the nodes some output reads from."""
+        return frozenset(i for op in self.outputs for i in op.node.ancestors())
+
+    @property
+    def ordered_batches(self) -> bool:
+        return any(node.ordered_batches for node in self.nodes())
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    if name not in taken:
+        return name
+    n = 2
+    while f"{name}-{n}" in taken:
+        n += 1
+    return f"{name}-{n}"

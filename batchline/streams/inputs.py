@@ -1,0 +1,109 @@
+"""Inputs: a node that names a source, and the runtime contract every source implements.
+
+Recovery contract (all JSON, never pickles): ``allocation(t)`` says what batch ``t`` took,
+``restore_allocation`` gives a batch exactly that again after a restart, and
+``snapshot``/``restore`` carry the source's position in a checkpoint. A source that cannot
+replay (``replayable = False``) loses the data of batches it must re-run, and says so.
+"""
+
+from __future__ import annotations
+
+import logging
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from batchline.scheduler.input_info import StreamInputInfo
+from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime
+
+__all__ = ["InputNode", "InputRuntime"]
+
+logger = logging.getLogger(__name__)
+
+
+class InputNode(StreamNode):
+    """A source of batches, found again in a checkpoint by its ``name`` (unique in the pipeline)."""
+
+    replayable = False
+
+    def __init__(self, name: str, batch_interval_ms: int) -> None:
+        super().__init__(())
+        self.name = name
+        self.input_id = -1
+        """Its position among the pipeline's inputs, given when the graph registers it."""
+        self._batch_interval_ms = batch_interval_ms
+
+    @property
+    def slide_ms(self) -> int:
+        return self._batch_interval_ms
+
+    @abstractmethod
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> InputRuntime:
+        """The source's reader for one run."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
+
+
+class InputRuntime(StreamRuntime):
+    """A source's reader for one run: it picks each batch's data and builds its DataFrame."""
+
+    node: InputNode
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def input_id(self) -> int:
+        return self.node.input_id
+
+    def start(self) -> None:
+        """Called once the pipeline runs (after a restart has recovered what it must)."""
+        return None
+
+    def stop(self, graceful: bool) -> None:
+        """Called once when the pipeline stops, before its last batches (gracefully: let every
+        record already received into a batch)."""
+        return None
+
+    def allocate(self, batch_time: int) -> None:
+        """Decide which data belongs to ``batch_time`` and report it; runs on the event loop."""
+        self.report(batch_time, num_records=0)
+
+    def allocation(self, batch_time: int) -> dict[str, Any]:
+        """What ``allocate`` chose for ``batch_time``, to be written to the batch log."""
+        return {}
+
+    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
+        """Give ``batch_time`` the logged allocation; with ``advance`` also move the source's
+        position past it (a batch logged after the checkpoint)."""
+        if not self.node.replayable:
+            logger.warning("Input %s cannot replay batch %d: it re-runs without this input's data", self.name,
+                           batch_time)
+        self.report(batch_time, num_records=0)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The source's position, for a checkpoint."""
+        return {}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Go back to a position that ``snapshot`` returned."""
+        return None
+
+    def recover_after_restart(self) -> None:
+        """Take back data received but not yet in any batch when the last driver died."""
+        return None
+
+    def clear_metadata(self, batch_time: int) -> None:
+        super().clear_metadata(batch_time)
+        self.forget_before(batch_time - self.remember_ms)
+
+    def forget_before(self, threshold_time: int) -> None:
+        """Drop what was allocated to batches at or before ``threshold_time``."""
+        return None
+
+    def report(self, batch_time: int, num_records: int | None, dead_letters: int = 0,
+               metadata: dict[str, Any] | None = None) -> None:
+        self.env.input_info.report(batch_time, StreamInputInfo(self.input_id, self.name, num_records,
+                                                               dead_letters=dead_letters, metadata=metadata or {}))

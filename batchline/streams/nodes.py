@@ -1,0 +1,124 @@
+"""The nodes every pipeline is made of: transformations, windows and watermarks, each with
+the runtime that computes it."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from pyspark.sql import DataFrame
+
+from batchline.batch_time import BatchTime
+from batchline.errors import ConfigurationError
+from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime, Watermark
+
+__all__ = ["TransformNode", "WindowNode", "WatermarkNode", "union_all"]
+
+
+def union_all(*dfs: DataFrame) -> DataFrame:
+    result = dfs[0]
+    for df in dfs[1:]:
+        result = result.unionByName(df)
+    return result
+
+
+class TransformNode(StreamNode):
+    """``fn(df, ...)`` or ``fn(df, ..., batch_time)`` over the parents' DataFrames of a batch."""
+
+    def __init__(self, parents: Sequence[StreamNode], fn: Callable[..., DataFrame]) -> None:
+        super().__init__(parents)
+        for other in self.parents[1:]:
+            if other.slide_ms != self.parents[0].slide_ms:
+                raise ConfigurationError(
+                    f"cannot combine streams sliding every {self.parents[0].slide_ms} ms and {other.slide_ms} ms; "
+                    "window them to the same slide first"
+                )
+        self.fn = fn
+        self.wants_batch_time = _accepts_batch_time(fn, len(self.parents))
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
+        return _TransformRuntime(self, env, parents)
+
+
+class _TransformRuntime(StreamRuntime):
+    node: TransformNode
+
+    def compute(self, batch_time: int) -> DataFrame:
+        args: list[Any] = [self.parent_frame(batch_time, i) for i in range(len(self.parents))]
+        if self.node.wants_batch_time:
+            args.append(BatchTime(batch_time))
+        result = self.node.fn(*args)
+        if not isinstance(result, DataFrame):
+            raise TypeError(
+                f"the function given to transform() must return a DataFrame; it returned "
+                f"{type(result).__name__} for batch {BatchTime(batch_time)}"
+            )
+        return result
+
+
+def _accepts_batch_time(fn: Callable[..., Any], n_frames: int) -> bool:
+    """True when ``fn`` takes one more positional argument than there are DataFrames."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    if any(p.kind is p.VAR_POSITIONAL for p in params):
+        return False
+    positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return len(positional) == n_frames + 1
+
+
+class WatermarkNode(StreamNode):
+    """The parent's rows unchanged, with event time tracked in a column (SPEC D3)."""
+
+    def __init__(self, parent: StreamNode, watermark: Watermark) -> None:
+        super().__init__([parent])
+        self._watermark = watermark
+
+    def watermark(self) -> Watermark | None:
+        return self._watermark
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
+        return _PassThroughRuntime(self, env, parents)
+
+
+class _PassThroughRuntime(StreamRuntime):
+    def compute(self, batch_time: int) -> DataFrame:
+        return self.parent_frame(batch_time)
+
+
+class WindowNode(StreamNode):
+    """Every ``slide_ms``, the rows of the parent's last ``window_ms``."""
+
+    def __init__(self, parent: StreamNode, window_ms: int, slide_ms: int | None) -> None:
+        super().__init__([parent])
+        self.window_ms = window_ms
+        self._slide_ms = parent.slide_ms if slide_ms is None else slide_ms
+        for what, value in (("window length", self.window_ms), ("slide interval", self._slide_ms)):
+            if value % parent.slide_ms:
+                raise ConfigurationError(
+                    f"the {what} ({value} ms) must be a multiple of the parent stream's slide "
+                    f"({parent.slide_ms} ms)"
+                )
+
+    @property
+    def slide_ms(self) -> int:
+        return self._slide_ms
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
+        return _WindowRuntime(self, env, parents)
+
+
+class _WindowRuntime(StreamRuntime):
+    node: WindowNode
+
+    def parent_remember_ms(self) -> int:
+        return self.remember_ms + self.node.window_ms
+
+    def compute(self, batch_time: int) -> DataFrame:
+        parent = self.parents[0]
+        step = parent.node.slide_ms
+        times = range(batch_time - self.node.window_ms + step, batch_time + 1, step)
+        frames = [df for t in times if (df := parent.get_or_compute(t)) is not None]
+        return union_all(*frames)

@@ -1,0 +1,162 @@
+"""The running graph: one runtime per node, built from a ``StreamGraph`` at ``start()``.
+
+Everything a batch needs of the pipeline goes through here, the same way for every kind of
+node: inputs allocate, log and replay their data; every node may prepare a job, verify the
+batch, carry progress across restarts and move on when the batch is committed.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from batchline.errors import ConfigurationError
+from batchline.scheduler.job import Job
+from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime
+from batchline.streams.graph import StreamGraph
+from batchline.streams.inputs import InputRuntime
+
+__all__ = ["PipelineRuntime"]
+
+logger = logging.getLogger(__name__)
+
+
+class PipelineRuntime:
+    def __init__(self, graph: StreamGraph, env: RuntimeEnv) -> None:
+        graph.validate()
+        self.graph = graph
+        self.env = env
+        self._runtimes: dict[int, StreamRuntime] = {}
+        inputs = {node.node_id: node for node in graph.inputs}
+        readers: dict[int, InputRuntime] = {}
+        for node in graph.nodes():
+            parents = [self._runtimes[p.node_id] for p in node.parents]
+            if node.node_id in inputs:
+                readers[node.node_id] = inputs[node.node_id].create_runtime(env, parents)
+                self._runtimes[node.node_id] = readers[node.node_id]
+            else:
+                self._runtimes[node.node_id] = node.create_runtime(env, parents)
+        self.inputs = [readers[node.node_id] for node in graph.inputs]
+        self.zero_time: int | None = None
+
+    def runtime_of(self, node: StreamNode) -> StreamRuntime:
+        return self._runtimes[node.node_id]
+
+    @property
+    def runtimes(self) -> list[StreamRuntime]:
+        """Parents before children."""
+        return list(self._runtimes.values())
+
+    # ---------------------------------------------------------------- lifecycle
+    def start(self, zero_time: int) -> None:
+        self.zero_time = zero_time
+        for runtime in self.runtimes:
+            runtime.initialize(zero_time)
+        for operation in self.graph.outputs:
+            node = operation.node
+            self.runtime_of(node).remember(self.graph.remember_ms or node.slide_ms)
+
+    def open(self) -> None:
+        """Check the checkpoint location against the pipeline (SPEC E4: what it keeps for a
+        node the pipeline no longer has is refused), then let every node open its part."""
+        checkpoint = self.env.checkpoint
+        if checkpoint is not None:
+            url = checkpoint.storage.url
+            for folder, names in sorted(self.graph.claims().items()):
+                orphans = [n for n in checkpoint.storage.list_names(folder) if n not in names]
+                if orphans:
+                    raise ConfigurationError(
+                        f"the checkpoint at {url} holds the {folder} of operator(s) {orphans}, which this pipeline "
+                        f"does not have (it has {sorted(names)}). If an operator was renamed, pass its old "
+                        f"name=...; to drop its {folder} on purpose, delete {url}/{folder}/<name>"
+                    )
+        for runtime in self.runtimes:
+            runtime.open()
+
+    def start_inputs(self) -> None:
+        for stream in self.inputs:
+            stream.start()
+
+    def stop_inputs(self, graceful: bool) -> None:
+        for stream in self.inputs:
+            stream.stop(graceful)
+
+    # ---------------------------------------------------------------- inputs
+    def allocate_inputs(self, batch_time: int) -> None:
+        """Let every input pick its data (files, offsets, blocks) for the batch."""
+        for stream in self.inputs:
+            stream.allocate(batch_time)
+
+    def allocations(self, batch_time: int) -> dict[str, dict[str, Any]]:
+        """Every input's allocation for a batch, by input name, for the batch log."""
+        return {stream.name: stream.allocation(batch_time) for stream in self.inputs}
+
+    def restore_allocations(self, batch_time: int, allocations: dict[str, dict[str, Any]], advance: bool) -> None:
+        """Give a batch the allocations the batch log holds (an input new since then gets nothing)."""
+        for stream in self.inputs:
+            if stream.name in allocations:
+                stream.restore_allocation(batch_time, allocations[stream.name], advance)
+            else:
+                stream.report(batch_time, num_records=0)
+
+    def snapshot(self) -> dict[str, dict[str, Any]]:
+        return {stream.name: stream.snapshot() for stream in self.inputs}
+
+    def restore(self, snapshots: dict[str, dict[str, Any]]) -> None:
+        names = {stream.name for stream in self.inputs}
+        for name in sorted(set(snapshots) - names):
+            logger.warning("The checkpoint has input %r, which this pipeline no longer has; its progress is dropped",
+                           name)
+        for stream in self.inputs:
+            if stream.name in snapshots:
+                stream.restore(snapshots[stream.name])
+            else:
+                logger.info("Input %r is new since the checkpoint; it starts from its beginning", stream.name)
+
+    def recover_after_restart(self) -> None:
+        for stream in self.inputs:
+            stream.recover_after_restart()
+
+    @property
+    def max_input_remember_ms(self) -> int:
+        return max((stream.remember_ms for stream in self.inputs), default=self.graph.batch_interval_ms)
+
+    # ---------------------------------------------------------------- batches
+    def generate_jobs(self, batch_time: int) -> list[Job]:
+        """Nodes' preparation jobs first, upstream before downstream (inputs read and count,
+        stateful operators run their function once and cache the result), then one job per output."""
+        logger.debug("Generating jobs for time %d ms", batch_time)
+        jobs = [job for runtime in self.runtimes if (job := runtime.prepare_job(batch_time)) is not None]
+        jobs += [job for op in self.graph.outputs if (job := op.job(self.runtime_of(op.node), batch_time)) is not None]
+        logger.debug("Generated %d jobs for time %d ms", len(jobs), batch_time)
+        return jobs
+
+    def verify(self, batch_time: int) -> None:
+        for runtime in self.runtimes:
+            runtime.verify(batch_time)
+
+    def on_batch_committed(self, batch_time: int) -> None:
+        for runtime in self.runtimes:
+            runtime.on_batch_committed(batch_time)
+
+    def clear_metadata(self, batch_time: int) -> None:
+        logger.debug("Clearing metadata for time %d ms", batch_time)
+        for runtime in self.runtimes:
+            runtime.clear_metadata(batch_time)
+
+    # ---------------------------------------------------------------- progress
+    def progress(self) -> dict[str, dict[str, Any]]:
+        """Progress that must survive a restart, by the name each node keeps at the checkpoint."""
+        found: dict[str, dict[str, Any]] = {}
+        for runtime in self.runtimes:
+            claim = runtime.node.checkpoint_claim()
+            progress = runtime.progress()
+            if claim is not None and progress is not None:
+                found[claim[1]] = progress
+        return found
+
+    def restore_progress(self, progress: dict[str, dict[str, Any]]) -> None:
+        for runtime in self.runtimes:
+            claim = runtime.node.checkpoint_claim()
+            if claim is not None and claim[1] in progress:
+                runtime.restore_progress(progress[claim[1]])
