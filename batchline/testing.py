@@ -19,8 +19,7 @@ from batchline.errors import ConfigurationError
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.sources.lists import END, Abort, AbortedForTest, ListSource
 from batchline.spark import local_spark_session
-
-# TESTER-PENDING from batchline.state.tester import StateFunctionTester
+from batchline.state.tester import StateFunctionTester
 
 __all__ = [
     "END",
@@ -30,7 +29,7 @@ __all__ = [
     "BatchRecorder",
     "CollectSink",
     "ManualClock",
-    # TESTER-PENDING "StateFunctionTester",
+    "StateFunctionTester",
     "list_stream",
     "local_spark_session",
     "wait_for",

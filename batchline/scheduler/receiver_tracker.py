@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
 
 from batchline.checkpoint.received_blocks import Block
 
@@ -16,9 +15,9 @@ logger = logging.getLogger(__name__)
 class ReceiverTracker:
     """Holds every receiver's blocks until a batch takes them and that batch is cleaned up."""
 
-    def __init__(self, stream_ids: Sequence[int] = ()) -> None:
+    def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._unallocated: dict[int, list[Block]] = {sid: [] for sid in stream_ids}
+        self._unallocated: dict[int, list[Block]] = {}
         self._allocated: dict[int, dict[int, list[Block]]] = {}
         self._last_allocated_time: int | None = None
 

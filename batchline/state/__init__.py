@@ -1,17 +1,24 @@
-"""Per-key state (SPEC D): GroupState, the operator, its versioned store, and offline access."""
+"""Per-key state (SPEC D): GroupState, the operator, its versioned store, offline access,
+and a tester that runs a state function without Spark."""
 
 from batchline.state.admin import read_state, rescale_state, state_operators, state_versions
-from batchline.state.execution import StateFunctionError
+from batchline.state.contract import StateFunctionError
 from batchline.state.group_state import GroupState, GroupStateTimeout, NoStateError, TimeoutNotEnabledError
 from batchline.state.schema import StateSchemaError
-from batchline.state.store import StateVersionError
+from batchline.state.store import FileStateStore, MemoryStateStore, StateStore, StateStoreError, StateVersionError
+from batchline.state.tester import StateFunctionTester
 
 __all__ = [
+    "FileStateStore",
     "GroupState",
     "GroupStateTimeout",
+    "MemoryStateStore",
     "NoStateError",
     "StateFunctionError",
+    "StateFunctionTester",
     "StateSchemaError",
+    "StateStore",
+    "StateStoreError",
     "StateVersionError",
     "TimeoutNotEnabledError",
     "read_state",

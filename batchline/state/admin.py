@@ -17,15 +17,16 @@ from batchline.clock import SystemClock
 from batchline.errors import ConfigurationError
 from batchline.state.frames import read_state_frame, write_state_frame
 from batchline.state.schema import RowSchema
-from batchline.state.store import SNAPSHOT, STATE_DIR, StateFiles, StateMetadata, StateVersionError
+from batchline.state.store import SNAPSHOT, STATE_DIR, FileStateStore, StateMetadata, StateVersionError
 
 __all__ = ["read_state", "state_versions", "rescale_state", "RescaleResult", "state_operators"]
 
 logger = logging.getLogger(__name__)
 
 
-def _open(checkpoint: str, operator: str, storage_options: dict[str, Any] | None) -> tuple[StateFiles, StateMetadata]:
-    files = StateFiles.open(checkpoint, operator, storage_options)
+def _open(checkpoint: str, operator: str,
+          storage_options: dict[str, Any] | None) -> tuple[FileStateStore, StateMetadata]:
+    files = FileStateStore.open(checkpoint, operator, storage_options)
     metadata = files.read_metadata()
     if metadata is None:
         known = state_operators(checkpoint, storage_options)
@@ -48,7 +49,7 @@ def state_versions(checkpoint: str, operator: str, storage_options: dict[str, An
     return _versions(files, metadata)
 
 
-def _versions(files: StateFiles, metadata: StateMetadata) -> list[int]:
+def _versions(files: FileStateStore, metadata: StateMetadata) -> list[int]:
     batch_log = BatchLog(files.storage)
     per_partition = [files.list_versions(metadata.generation, p) for p in range(metadata.num_partitions)]
     common = set(per_partition[0]).intersection(*per_partition[1:])
@@ -59,7 +60,7 @@ def _versions(files: StateFiles, metadata: StateMetadata) -> list[int]:
             if any(SNAPSHOT in p[v] for p in per_partition) or batch_log.is_committed(v)]
 
 
-def _latest(files: StateFiles, metadata: StateMetadata) -> int:
+def _latest(files: FileStateStore, metadata: StateMetadata) -> int:
     versions = _versions(files, metadata)
     if not versions:
         raise StateVersionError(f"operator {files.operator!r} has no committed state version at {files.storage.url}")
@@ -122,13 +123,13 @@ def rescale_state(
         before = read_state_frame(spark, files, metadata, state, version).persist()  # read once, count and write
         expected = before.count()
         new = dataclasses.replace(metadata, num_partitions=num_partitions, generation=metadata.generation + 1)
-        files.storage.delete(f"{files.base}/g{new.generation}", recursive=True)  # leftovers of a crashed rescale
+        files.delete_generation(new.generation)  # leftovers of a crashed rescale
         written = write_state_frame(before, files, new, state, version, initial=False)
         if written != expected:
             raise ConfigurationError(f"rescale wrote {written} keys but the state holds {expected}; nothing changed")
         before.unpersist()
         files.write_metadata(new)
-        files.storage.delete(f"{files.base}/g{metadata.generation}", recursive=True)
+        files.delete_generation(metadata.generation)
         logger.info("Rescaled operator %s from %d to %d partitions at version %d (%d keys)", operator,
                     metadata.num_partitions, num_partitions, version, written)
         return RescaleResult(operator, version, metadata.num_partitions, num_partitions, written)

@@ -7,6 +7,11 @@ batches (SPEC D4), keyed by checkpoint location, operator, generation and partit
 next batch finds it at the version it needs, catches up from the deltas other workers wrote
 when it is behind, and loads from the store when the driver is new. A task that fails, or
 is abandoned, drops the partition from the cache, so no half-applied batch survives.
+
+``run_partition`` needs no Spark: it takes the ``OperatorSpec``, the ``BatchParams``, Arrow
+batches, and a callback for its ``Stats`` (``spark_task`` wraps it for ``mapInArrow`` with a
+Spark accumulator; ``StateFunctionTester`` calls it directly over a ``MemoryStateStore``).
+A failure of the state function leaves as one ``TaskErrorPayload``, built in ``_failure``.
 """
 
 from __future__ import annotations
@@ -22,81 +27,32 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql.types import StructType
+from pyspark import TaskContext
 
-from batchline.errors import BatchlineError
+from batchline.errors import ConfigurationError
+from batchline.state.contract import (
+    BATCH_PARAMS_PROPERTY,
+    BatchParams,
+    ErrorKind,
+    OperatorSpec,
+    StateFunctionError,
+    Stats,
+    TaskErrorPayload,
+    TaskFailure,
+    batch_params_from_property,
+)
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
-from batchline.state.store import DELTA, SNAPSHOT, PartitionData, StateFiles, apply_table, entries_table
+from batchline.state.store import DELTA, SNAPSHOT, FileHeader, PartitionData, StateStore, apply_table, entries_table
 from batchline.state.timeouts import TimeoutIndex
 
-__all__ = ["TaskSpec", "StateFunctionError", "run_partition", "ERROR_START", "ERROR_END", "Stats"]
+__all__ = ["PartitionCache", "StateFunctionError", "Stats", "load_partition", "run_partition", "spark_task"]
 
 logger = logging.getLogger(__name__)
 
-ERROR_START, ERROR_END = "<<batchline-state-error>>", "<<end-batchline-state-error>>"
 SNAPSHOT_EVERY = 10
 """Deltas after which a worker writes a snapshot of a committed version in the background."""
 MAX_CACHED_PARTITIONS = 512
-
-
-class StateFunctionError(BatchlineError):
-    """The state function raised (or returned something unusable) for a key."""
-
-
-@dataclass(frozen=True)
-class TaskSpec:
-    """Everything a task needs, shipped with the task (never written to a checkpoint)."""
-
-    files: StateFiles
-    """The operator's state files; shipped by URL and options, each worker opens its own."""
-    generation: int
-    key_names: tuple[str, ...]
-    key_schema: StructType
-    state: RowSchema
-    output: RowSchema
-    fn: Callable[..., Any]
-    flat: bool
-    timeout: GroupStateTimeout
-    batch_time: int
-    prev_version: int | None
-    """The operator's last committed version, or None when the driver has just started."""
-    token: int
-    """The driver's lease token: a cache built under another driver is never trusted."""
-    watermark_ms: int | None
-    event_time_column: str | None
-    stats: Any
-    """A Spark accumulator that sums ``Stats`` fields (max for the event time)."""
-
-    @property
-    def operator(self) -> str:
-        return self.files.operator
-
-
-@dataclass
-class Stats:
-    rows: int = 0
-    late_rows: int = 0
-    keys_called: int = 0
-    updated: int = 0
-    removed: int = 0
-    timed_out: int = 0
-    output_rows: int = 0
-    state_keys: int = 0
-    max_event_time_ms: int | None = None
-    partitions: int = 0
-    """A bit per state partition that ran, to prove none was coalesced away."""
-
-    def merge(self, other: Stats) -> Stats:
-        def newest(a: int | None, b: int | None) -> int | None:
-            return b if a is None else a if b is None else max(a, b)
-
-        return Stats(
-            self.rows + other.rows, self.late_rows + other.late_rows, self.keys_called + other.keys_called,
-            self.updated + other.updated, self.removed + other.removed, self.timed_out + other.timed_out,
-            self.output_rows + other.output_rows, self.state_keys + other.state_keys,
-            newest(self.max_event_time_ms, other.max_event_time_ms), self.partitions | other.partitions,
-        )
 
 
 @dataclass
@@ -106,22 +62,76 @@ class _Cached:
     index: TimeoutIndex[Any]
 
 
-_CACHE: collections.OrderedDict[tuple[str, str, int, int], _Cached] = collections.OrderedDict()
-_CACHE_LOCK = threading.Lock()
+_CacheKey = tuple[str, str, int, int]
 
-def load_partition(files: StateFiles, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
+
+class PartitionCache:
+    """Partitions resident in a worker between batches, least recently used dropped first.
+    Taking a partition removes it: only a task that completes puts it back."""
+
+    def __init__(self, capacity: int = MAX_CACHED_PARTITIONS) -> None:
+        self.capacity = capacity
+        self._entries: collections.OrderedDict[_CacheKey, _Cached] = collections.OrderedDict()
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def take(self, key: _CacheKey) -> _Cached | None:
+        with self._lock:
+            return self._entries.pop(key, None)
+
+    def put(self, key: _CacheKey, cached: _Cached) -> None:
+        with self._lock:
+            self._entries[key] = cached
+            while len(self._entries) > self.capacity:
+                self._entries.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+
+
+WORKER_CACHE = PartitionCache()
+"""The Python worker's cache, shared by every task the worker runs."""
+
+
+def spark_task(spec: OperatorSpec, batch_time: int,
+               report: Callable[[Stats], None]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The ``mapInArrow`` function of the operator's DataFrame for ``batch_time``: reads its
+    ``BatchParams`` from the job's local property and runs its partition. ``report`` is
+    called once with the task's ``Stats`` (a Spark accumulator's ``add``)."""
+
+    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        context = TaskContext.get()
+        if context is None:
+            raise ConfigurationError("a stateful operator's task runs inside Spark; to run a state function "
+                                     "without Spark use batchline.state.tester.StateFunctionTester")
+        params = batch_params_from_property(context.getLocalProperty(BATCH_PARAMS_PROPERTY), spec.operator)
+        if params.batch_time != batch_time:
+            raise ConfigurationError(
+                f"operator {spec.operator!r}: the job publishes parameters of batch {params.batch_time}, but "
+                f"evaluates the DataFrame of batch {batch_time}; read a stateful operator's output only from "
+                "the output operations of its own batch"
+            )
+        return run_partition(spec, params, batches, context.partitionId(), report)
+
+    return task
+
+
+def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
                    version: int | None, below: int | None = None,
                    held: PartitionData | None = None) -> tuple[PartitionData, list[Any] | None]:
     """A partition's state at ``version`` (or the newest below ``below``); catches ``held`` up
     with deltas when it can. Returns the data and, after a catch-up, the keys it changed."""
     target, steps = files.plan_load(generation, partition, version, below,
                                     since=held.version if held is not None else None)
-    what = f"state of operator {files.operator!r}, partition {partition}"
+    what = files.describe_partition(partition)
     if held is not None and steps and steps[0][1] == DELTA and held.version is not None:
         changed: list[Any] = []
         for v, kind in steps:
-            changed += apply_table(held.entries, files.read(generation, partition, v, kind), spec_state,
-                                   single_key, what)
+            changed += apply_table(held.entries, files.read_version(generation, partition, v, kind).table,
+                                   spec_state, single_key, what)
         held.version = target
         held.deltas_since_snapshot += len(steps)
         held.initial_keys = frozenset()
@@ -131,9 +141,9 @@ def load_partition(files: StateFiles, spec_state: RowSchema, single_key: bool, g
     entries: dict[Any, tuple[tuple[Any, ...], int | None]] = {}
     initial: frozenset[Any] = frozenset()
     for v, kind in steps:
-        table = files.read(generation, partition, v, kind)
-        apply_table(entries, table, spec_state, single_key, what)
-        if kind == SNAPSHOT and b'"initial": true' in (table.schema.metadata or {}).get(b"batchline", b""):
+        found = files.read_version(generation, partition, v, kind)
+        apply_table(entries, found.table, spec_state, single_key, what)
+        if found.header.initial:
             initial = frozenset(entries)
     deltas = sum(1 for _, kind in steps if kind == DELTA)
     return PartitionData(target, entries, deltas, initial if deltas == 0 else frozenset()), None
@@ -147,23 +157,25 @@ def _index_of(entries: dict[Any, tuple[tuple[Any, ...], int | None]]) -> Timeout
     return index
 
 
-def _cached_partition(spec: TaskSpec, files: StateFiles, partition: int) -> _Cached:
-    cache_key = (files.storage.url, spec.operator, spec.generation, partition)
-    single_key = len(spec.key_names) == 1
-    with _CACHE_LOCK:
-        cached = _CACHE.pop(cache_key, None)
-    if cached is not None and cached.token != spec.token:
+def _cache_key(spec: OperatorSpec, partition: int) -> _CacheKey:
+    return (spec.store.location, spec.operator, spec.generation, partition)
+
+
+def _cached_partition(spec: OperatorSpec, params: BatchParams, partition: int, cache: PartitionCache) -> _Cached:
+    store = spec.store
+    cached = cache.take(_cache_key(spec, partition))
+    if cached is not None and cached.token != params.token:
         cached = None
-    if cached is not None and spec.prev_version is not None and cached.data.version == spec.prev_version:
+    if cached is not None and params.prev_version is not None and cached.data.version == params.prev_version:
         return cached
-    if spec.prev_version is None:
-        data, changed = load_partition(files, spec.state, single_key, spec.generation, partition, None,
-                                       below=spec.batch_time)
+    if params.prev_version is None:
+        data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition, None,
+                                       below=params.batch_time)
         cached = None
     else:
-        held = cached.data if cached is not None and (cached.data.version or 0) < spec.prev_version else None
-        data, changed = load_partition(files, spec.state, single_key, spec.generation, partition,
-                                       spec.prev_version, held=held)
+        held = cached.data if cached is not None and (cached.data.version or 0) < params.prev_version else None
+        data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition,
+                                       params.prev_version, held=held)
     if changed is not None and cached is not None:
         for key in changed:
             entry = data.entries.get(key)
@@ -173,63 +185,58 @@ def _cached_partition(spec: TaskSpec, files: StateFiles, partition: int) -> _Cac
                 cached.index.set(key, entry[1])
         cached.data = data
         return cached
-    return _Cached(spec.token, data, _index_of(data.entries))
+    return _Cached(params.token, data, _index_of(data.entries))
 
 
-def _remember(spec: TaskSpec, partition: int, cached: _Cached) -> None:
-    with _CACHE_LOCK:
-        _CACHE[(spec.files.storage.url, spec.operator, spec.generation, partition)] = cached
-        while len(_CACHE) > MAX_CACHED_PARTITIONS:
-            _CACHE.popitem(last=False)
-
-
-def _snapshot_in_background(files: StateFiles, spec: TaskSpec, partition: int, data: PartitionData) -> None:
-    """Write a snapshot of a committed version from a copy of the entries, off the task's path."""
+def _write_snapshot(spec: OperatorSpec, partition: int, data: PartitionData, background: bool) -> None:
+    """Write a snapshot of a committed version from a copy of the entries; in the background
+    (off the task's path), unless told otherwise."""
     version = data.version
     assert version is not None
     frozen = dict(data.entries)  # values are immutable tuples: a shallow copy is a consistent view
-    single_key = len(spec.key_names) == 1
 
     def write() -> None:
         try:
             rows = ((k, v, t) for k, (v, t) in frozen.items())
-            files.write(spec.generation, partition, version, SNAPSHOT,
-                        entries_table(spec.key_schema, spec.state, rows, single_key))
+            spec.store.write_version(spec.generation, FileHeader(version, partition, SNAPSHOT),
+                                     entries_table(spec.key_schema, spec.state, rows, spec.single_key))
         except Exception:
             logger.exception("Snapshot of operator %s partition %d at %d failed; deltas remain",
                              spec.operator, partition, version)
 
     data.deltas_since_snapshot = 0
-    threading.Thread(target=write, name=f"batchline-snapshot-{partition}", daemon=True).start()
+    if background:
+        threading.Thread(target=write, name=f"batchline-snapshot-{partition}", daemon=True).start()
+    else:
+        write()
 
 
-def _grouped(spec: TaskSpec, batches: Iterable[pa.RecordBatch], stats: Stats) -> dict[Any, list[tuple[Any, ...]]]:
+def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch],
+             stats: Stats) -> dict[Any, list[tuple[Any, ...]]]:
     """Rows by key, as named tuples; rows older than the watermark are dropped and counted."""
     groups: dict[Any, list[tuple[Any, ...]]] = {}
-    row_type: Any = None
+    make: Callable[[Iterable[Any]], tuple[Any, ...]] | None = None
     for batch in batches:
         if batch.num_rows == 0:
             continue
         stats.rows += batch.num_rows
         if spec.event_time_column is not None:
-            times = batch.column(spec.event_time_column)
+            times = pc.cast(batch.column(spec.event_time_column), pa.timestamp("us", tz="UTC"))
             newest = pc.max(times).as_py()
             if newest is not None:
                 newest_ms = int(newest.timestamp() * 1000)
                 stats.max_event_time_ms = max(stats.max_event_time_ms or newest_ms, newest_ms)
-            if spec.watermark_ms is not None:
-                late = pc.less(pc.cast(times, pa.timestamp("us", tz="UTC")),
-                               pa.scalar(spec.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
+            if params.watermark_ms is not None:
+                late = pc.less(times, pa.scalar(params.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
                 late_count = pc.sum(late).as_py() or 0
                 if late_count:
                     stats.late_rows += late_count
                     batch = batch.filter(pc.invert(pc.fill_null(late, False)))
-        if row_type is None:
-            row_type = collections.namedtuple("Row", batch.schema.names, rename=True)  # type: ignore[misc]
+        if make is None:
+            make = _row_maker(batch.schema.names)
         columns = [as_python(column) for column in batch.columns]
         key_columns = [columns[batch.schema.get_field_index(n)] for n in spec.key_names]
         keys = key_columns[0] if len(key_columns) == 1 else zip(*key_columns, strict=True)
-        make = row_type._make
         for key, row in zip(keys, zip(*columns, strict=True), strict=True):
             group = groups.get(key)
             if group is None:
@@ -239,16 +246,35 @@ def _grouped(spec: TaskSpec, batches: Iterable[pa.RecordBatch], stats: Stats) ->
     return groups
 
 
-def _fail(spec: TaskSpec, key: Any, what: str) -> StateFunctionError:
-    trace = traceback.format_exc()
-    message = (f"the state function of operator {spec.operator!r} {what} for key {key!r} in batch "
-               f"{spec.batch_time}:\n{trace}")
-    return StateFunctionError(f"{ERROR_START}{message}{ERROR_END}")
+def _row_maker(names: list[str]) -> Callable[[Iterable[Any]], tuple[Any, ...]]:
+    """Rows as named tuples of the input's columns."""
+    row_type = collections.namedtuple("Row", names, rename=True)  # type: ignore[misc]
+    return row_type._make
 
 
-def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch], partition: int) -> Iterator[pa.RecordBatch]:
-    files = spec.files
-    cached = _cached_partition(spec, files, partition)
+def _failure(spec: OperatorSpec, params: BatchParams, kind: ErrorKind, key: Any, message: str,
+             with_traceback: bool = True) -> TaskFailure:
+    """The one place a task describes a failure of the state function for the driver. Call
+    it inside the ``except`` block of the failure to carry its Python traceback."""
+    return TaskFailure(TaskErrorPayload(
+        kind=kind.value, operator=spec.operator, key_repr=None if key is _NO_KEY else repr(key),
+        batch_time=params.batch_time, message=message,
+        python_traceback=traceback.format_exc() if with_traceback else "",
+    ))
+
+
+_NO_KEY = object()
+
+
+def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int,
+                  report: Callable[[Stats], None], *, cache: PartitionCache | None = None,
+                  background_snapshots: bool = True) -> Iterator[pa.RecordBatch]:
+    """Run one batch of one state partition: call the function, write the batch's delta, and
+    yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
+    The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
+    Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
+    cache = WORKER_CACHE if cache is None else cache
+    cached = _cached_partition(spec, params, partition, cache)
     completed = False
     # The cyclic collector would walk the whole resident state again and again while a batch
     # allocates its rows (40% of the task's time); state tuples form no cycles.
@@ -256,28 +282,28 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch], partition: 
     gc.disable()
     try:
         stats = Stats()
-        groups = _grouped(spec, batches, stats)
-        outputs, delta = _call_function(spec, cached, groups, stats)
-        files.write(spec.generation, partition, spec.batch_time, DELTA,
-                    _delta_table(spec, cached, delta))
-        if (spec.prev_version is not None and cached.data.version == spec.prev_version
+        groups = _grouped(spec, params, batches, stats)
+        outputs, delta = _call_function(spec, params, cached, groups, stats)
+        spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),
+                                 _delta_table(spec, params, delta))
+        if (params.prev_version is not None and cached.data.version == params.prev_version
                 and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
-            _snapshot_in_background(files, spec, partition, cached.data)
+            _write_snapshot(spec, partition, cached.data, background_snapshots)
         _apply_delta(cached, delta)
-        cached.data.version = spec.batch_time
+        cached.data.version = params.batch_time
         cached.data.deltas_since_snapshot += 1
         cached.data.initial_keys = frozenset()
         stats.state_keys = len(cached.data.entries)
         stats.output_rows = len(outputs)
         stats.partitions = 1 << partition
-        spec.stats.add(stats)
-        result = _output_batch(spec, outputs)
+        result = _output_batch(spec, params, outputs)
+        report(stats)
         completed = True
     finally:
         if collecting:
             gc.enable()
         if completed:
-            _remember(spec, partition, cached)
+            cache.put(_cache_key(spec, partition), cached)
     if result.num_rows:
         yield result
 
@@ -285,7 +311,7 @@ def run_partition(spec: TaskSpec, batches: Iterator[pa.RecordBatch], partition: 
 _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]
 
 
-def _call_function(spec: TaskSpec, cached: _Cached, groups: dict[Any, list[tuple[Any, ...]]],
+def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, groups: dict[Any, list[tuple[Any, ...]]],
                    stats: Stats) -> tuple[list[tuple[tuple[Any, ...], Any]], _Delta]:
     """Call the function for keys with data, then initial-state keys, then due keys. The
     cached entries stay untouched: changes are collected in the returned delta."""
@@ -294,11 +320,13 @@ def _call_function(spec: TaskSpec, cached: _Cached, groups: dict[Any, list[tuple
     delta: _Delta = {}
     timeout = spec.timeout
     make, unmake = spec.state.make, spec.output.unmake
+    batch_time = params.batch_time
+    where = f"the state function of operator {spec.operator!r}"
 
     def call(key: Any, rows: list[tuple[Any, ...]], timed_out: bool) -> None:
         current = entries.get(key)
-        state = GroupState(make(current[0]) if current is not None else None, timeout, spec.batch_time,
-                           spec.watermark_ms, has_timed_out=timed_out)
+        state = GroupState(make(current[0]) if current is not None else None, timeout, batch_time,
+                           params.watermark_ms, has_timed_out=timed_out)
         stats.keys_called += 1
         try:
             result = spec.fn(key, iter(rows), state)
@@ -306,7 +334,9 @@ def _call_function(spec: TaskSpec, cached: _Cached, groups: dict[Any, list[tuple
             for row in produced:
                 outputs.append((unmake(row), key))
         except Exception:
-            raise _fail(spec, key, "raised") from None
+            raise _failure(spec, params, ErrorKind.RAISED, key,
+                           f"{where} raised for key {key!r} in batch {batch_time}; fix the function and start "
+                           "the pipeline again (the batch re-runs from the state before it):") from None
         if state.removed or state.updated:
             stats.updated += state.updated
             stats.removed += state.removed and current is not None
@@ -315,14 +345,15 @@ def _call_function(spec: TaskSpec, cached: _Cached, groups: dict[Any, list[tuple
             try:
                 value = spec.state.unmake(state.get())
             except TypeError:
-                raise _fail(spec, key, "updated the state with a value of the wrong type") from None
+                raise _failure(spec, params, ErrorKind.WRONG_STATE_TYPE, key,
+                               f"{where} updated the state with a value of the wrong type for key {key!r} in batch "
+                               f"{batch_time}; pass state.update() a {spec.state.describe()}:") from None
             delta[key] = (value, deadline)
         elif state.removed or current is None:
             if deadline is not None:
-                raise StateFunctionError(
-                    f"{ERROR_START}the state function of operator {spec.operator!r} set a timeout for key {key!r} "
-                    f"in batch {spec.batch_time} without state; call state.update(...) before setting a timeout"
-                    f"{ERROR_END}")
+                raise _failure(spec, params, ErrorKind.TIMEOUT_WITHOUT_STATE, key,
+                               f"{where} set a timeout for key {key!r} in batch {batch_time} without state; "
+                               "call state.update(...) before setting a timeout", with_traceback=False)
             if current is not None:
                 delta[key] = (None, None)
         elif deadline != current[1]:
@@ -333,8 +364,8 @@ def _call_function(spec: TaskSpec, cached: _Cached, groups: dict[Any, list[tuple
     for key in cached.data.initial_keys:
         if key not in groups:
             call(key, [], False)
-    threshold = (spec.batch_time if timeout is GroupStateTimeout.PROCESSING_TIME
-                 else spec.watermark_ms if timeout is GroupStateTimeout.EVENT_TIME else None)
+    threshold = (batch_time if timeout is GroupStateTimeout.PROCESSING_TIME
+                 else params.watermark_ms if timeout is GroupStateTimeout.EVENT_TIME else None)
     if threshold is not None:
         # Strictly before the threshold, as in Spark. Popping changes the cached index, which
         # is safe: a task that fails drops its partition from the cache.
@@ -347,21 +378,26 @@ def _call_function(spec: TaskSpec, cached: _Cached, groups: dict[Any, list[tuple
     return outputs, delta
 
 
-def _delta_table(spec: TaskSpec, cached: _Cached, delta: _Delta) -> pa.Table:
+_ENCODING_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError)
+
+
+def _delta_table(spec: OperatorSpec, params: BatchParams, delta: _Delta) -> pa.Table:
     rows = ((key, value, deadline) for key, (value, deadline) in delta.items())
     try:
-        return entries_table(spec.key_schema, spec.state, rows, len(spec.key_names) == 1)
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as error:
+        return entries_table(spec.key_schema, spec.state, rows, spec.single_key)
+    except _ENCODING_ERRORS:
         for key, (value, deadline) in delta.items():
             try:
-                entries_table(spec.key_schema, spec.state, iter([(key, value, deadline)]), len(spec.key_names) == 1)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as bad:
-                raise StateFunctionError(
-                    f"{ERROR_START}the state function of operator {spec.operator!r} stored a value for key {key!r} "
-                    f"in batch {spec.batch_time} that does not fit the state schema {spec.state.describe()}: "
-                    f"{bad} (value: {value!r}){ERROR_END}") from None
-        raise StateFunctionError(f"{ERROR_START}cannot encode the state of batch {spec.batch_time}: {error}"
-                                 f"{ERROR_END}") from error
+                entries_table(spec.key_schema, spec.state, iter([(key, value, deadline)]), spec.single_key)
+            except _ENCODING_ERRORS as bad:
+                raise _failure(spec, params, ErrorKind.STATE_SCHEMA, key,
+                               f"the state function of operator {spec.operator!r} stored a value for key {key!r} "
+                               f"in batch {params.batch_time} that does not fit the state schema "
+                               f"{spec.state.describe()}: {bad} (value: {value!r}); store values of that "
+                               "schema") from None
+        raise _failure(spec, params, ErrorKind.STATE_ENCODING, _NO_KEY,
+                       f"cannot encode the state of operator {spec.operator!r} in batch {params.batch_time}; "
+                       "check the key columns' types against the stored key schema:") from None
 
 
 def _apply_delta(cached: _Cached, delta: _Delta) -> None:
@@ -378,21 +414,23 @@ def _apply_delta(cached: _Cached, delta: _Delta) -> None:
                 index.set(key, deadline)
 
 
-def _output_batch(spec: TaskSpec, outputs: list[tuple[tuple[Any, ...], Any]]) -> pa.RecordBatch:
+def _output_batch(spec: OperatorSpec, params: BatchParams,
+                  outputs: list[tuple[tuple[Any, ...], Any]]) -> pa.RecordBatch:
     schema = spec.output.arrow
     rows = [row for row, _ in outputs]
     columns = list(map(list, zip(*rows, strict=True))) if rows else [[] for _ in schema]
     try:
         arrays = [pa.array(values, type=field.type) for values, field in zip(columns, schema, strict=True)]
-    except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError):
+    except _ENCODING_ERRORS:
         for row, key in outputs:
             try:
                 for value, field in zip(row, schema, strict=True):
                     pa.array([value], type=field.type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError) as bad:
-                raise StateFunctionError(
-                    f"{ERROR_START}the state function of operator {spec.operator!r} returned a row for key {key!r} "
-                    f"in batch {spec.batch_time} that does not fit the output schema "
-                    f"{spec.output.describe()}: {bad} (row: {row!r}){ERROR_END}") from None
+            except _ENCODING_ERRORS as bad:
+                raise _failure(spec, params, ErrorKind.OUTPUT_SCHEMA, key,
+                               f"the state function of operator {spec.operator!r} returned a row for key {key!r} "
+                               f"in batch {params.batch_time} that does not fit the output schema "
+                               f"{spec.output.describe()}: {bad} (row: {row!r}); return rows of that schema",
+                               with_traceback=False) from None
         raise
     return pa.RecordBatch.from_arrays(arrays, schema=schema)

@@ -18,7 +18,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from batchline.errors import ConfigurationError
 from batchline.state.execution import load_partition
 from batchline.state.schema import RowSchema, as_python
-from batchline.state.store import SNAPSHOT, StateFiles, StateMetadata, entries_table
+from batchline.state.store import SNAPSHOT, FileHeader, StateMetadata, StateStore, entries_table
 
 __all__ = ["write_state_frame", "read_state_frame", "TIMEOUT_COLUMN"]
 
@@ -28,7 +28,15 @@ TIMEOUT_COLUMN = "timeout_timestamp_ms"
 """The key's timeout deadline (epoch ms) in state read as a DataFrame; null without one."""
 
 
-def write_state_frame(df: DataFrame, files: StateFiles, metadata: StateMetadata, state: RowSchema, version: int,
+def _partition_id() -> int:
+    context = TaskContext.get()
+    if context is None:
+        raise ConfigurationError("state is written and read as DataFrames inside Spark tasks; call this from "
+                                 "a Spark job, or use the StateStore directly")
+    return context.partitionId()
+
+
+def write_state_frame(df: DataFrame, store: StateStore, metadata: StateMetadata, state: RowSchema, version: int,
                       initial: bool) -> int:
     """Write ``df`` (key columns, state fields, optionally ``timeout_timestamp_ms``) as the
     snapshot at ``version`` of every partition of ``metadata``'s generation; returns the key count.
@@ -39,10 +47,9 @@ def write_state_frame(df: DataFrame, files: StateFiles, metadata: StateMetadata,
     single_key = len(keys) == 1
     n_keys, n_state = len(keys), len(state.names)
     key_schema, generation = metadata.key_schema, metadata.generation
-    extra = {"initial": True} if initial else None
 
     def task(batches: Any) -> Any:
-        partition = TaskContext.get().partitionId()
+        partition = _partition_id()
         entries: dict[Any, tuple[tuple[Any, ...], int | None]] = {}
         for batch in batches:
             cols = [as_python(c) for c in batch.columns]
@@ -54,8 +61,8 @@ def write_state_frame(df: DataFrame, files: StateFiles, metadata: StateMetadata,
                     raise ConfigurationError(f"the state DataFrame has key {key!r} more than once")
                 entries[key] = (value, timeout)
         rows = ((k, v, t) for k, (v, t) in entries.items())
-        files.write(generation, partition, version, SNAPSHOT, entries_table(key_schema, state, rows, single_key),
-                    extra)
+        store.write_version(generation, FileHeader(version, partition, SNAPSHOT, initial=initial),
+                            entries_table(key_schema, state, rows, single_key))
         yield pa.RecordBatch.from_pydict({"partition": [partition], "keys": [len(entries)]})
 
     written = (df.select(*columns).repartition(metadata.num_partitions, *keys)
@@ -73,7 +80,7 @@ def state_frame_schema(metadata: StateMetadata, state: RowSchema) -> StructType:
                        StructField(TIMEOUT_COLUMN, LongType(), True)])
 
 
-def read_state_frame(spark: SparkSession, files: StateFiles, metadata: StateMetadata, state: RowSchema,
+def read_state_frame(spark: SparkSession, store: StateStore, metadata: StateMetadata, state: RowSchema,
                      version: int) -> DataFrame:
     """Every key of the operator at ``version``: key columns, state fields, timeout."""
     schema = state_frame_schema(metadata, state)
@@ -84,7 +91,7 @@ def read_state_frame(spark: SparkSession, files: StateFiles, metadata: StateMeta
     def task(batches: Any) -> Any:
         for batch in batches:
             for partition in batch.column(0).to_pylist():
-                data, _ = load_partition(files, state, single_key, generation, partition, version)
+                data, _ = load_partition(store, state, single_key, generation, partition, version)
                 keys = list(data.entries)
                 key_columns = [keys] if single_key else [list(c) for c in zip(*keys, strict=True)]
                 if not keys:

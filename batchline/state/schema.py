@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -16,19 +17,26 @@ from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
+from pyspark import SparkContext
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BinaryType,
     BooleanType,
+    ByteType,
     DataType,
     DateType,
+    DecimalType,
     DoubleType,
+    FloatType,
+    IntegerType,
     LongType,
     MapType,
+    ShortType,
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
     _parse_datatype_string,
 )
@@ -53,10 +61,10 @@ def _spark_type(hint: Any, where: str) -> tuple[DataType, bool]:
     """The Spark type of a dataclass field's annotation, and whether it may be null."""
     origin = typing.get_origin(hint)
     if origin in (typing.Union, types.UnionType):
-        args = [a for a in typing.get_args(hint) if a is not type(None)]
-        if len(args) != 1:
+        members = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(members) != 1:
             raise ConfigurationError(f"{where}: only Optional[X] unions are supported in state schemas; got {hint}")
-        return _spark_type(args[0], where)[0], True
+        return _spark_type(members[0], where)[0], True
     if hint in _SCALARS:
         return _SCALARS[hint], False
     if origin in (list, tuple, set, frozenset) or hint in (list, tuple):
@@ -69,7 +77,7 @@ def _spark_type(hint: Any, where: str) -> tuple[DataType, bool]:
         if key is None:
             raise ConfigurationError(f"{where}: give key and value types, e.g. dict[str, int]")
         return MapType(_spark_type(key, where)[0], _spark_type(value, where)[0], True), False
-    if dataclasses.is_dataclass(hint):
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return _dataclass_struct(hint), False
     raise ConfigurationError(
         f"{where}: type {hint!r} has no Spark equivalent; use int, float, str, bool, bytes, datetime, date, "
@@ -126,6 +134,117 @@ def _encoder(hint: Any) -> Callable[[Any], Any] | None:
     return None
 
 
+_DDL_SCALARS: dict[str, DataType] = {
+    "string": StringType(), "long": LongType(), "bigint": LongType(), "int": IntegerType(), "integer": IntegerType(),
+    "short": ShortType(), "smallint": ShortType(), "byte": ByteType(), "tinyint": ByteType(),
+    "double": DoubleType(), "float": FloatType(), "real": FloatType(), "boolean": BooleanType(),
+    "binary": BinaryType(), "date": DateType(), "timestamp": TimestampType(), "timestamp_ltz": TimestampType(),
+    "timestamp_ntz": TimestampNTZType(),
+}
+_DDL_TOKEN = re.compile(r"\s*(`[^`]*`|[A-Za-z_][A-Za-z0-9_]*|\d+|[<>(),:])")
+
+
+class _DdlError(ValueError):
+    pass
+
+
+def _ddl_tokens(text: str) -> list[str]:
+    tokens, position = [], 0
+    text = text.rstrip()
+    while position < len(text):
+        match = _DDL_TOKEN.match(text, position)
+        if match is None:
+            raise _DdlError(text[position:])
+        tokens.append(match.group(1))
+        position = match.end()
+    return tokens
+
+
+def _parse_ddl_locally(text: str) -> StructType:
+    """Simple DDL (``"id string, n long, tags array<string>"``) without Spark's parser."""
+    tokens = _ddl_tokens(text)
+    position = 0
+
+    def take(expected: str | None = None) -> str:
+        nonlocal position
+        if position >= len(tokens) or (expected is not None and tokens[position].lower() != expected):
+            raise _DdlError(expected or "more")
+        position += 1
+        return tokens[position - 1]
+
+    def peek() -> str | None:
+        return tokens[position] if position < len(tokens) else None
+
+    def name() -> str:
+        token = take()
+        return token[1:-1] if token.startswith("`") else token
+
+    def data_type() -> DataType:
+        word = take().lower()
+        if word in _DDL_SCALARS:
+            return _DDL_SCALARS[word]
+        if word == "decimal":
+            if peek() != "(":
+                return DecimalType(10, 0)
+            take("(")
+            precision = int(take())
+            scale = 0
+            if peek() == ",":
+                take(",")
+                scale = int(take())
+            take(")")
+            return DecimalType(precision, scale)
+        if word == "array":
+            take("<")
+            element = data_type()
+            take(">")
+            return ArrayType(element, True)
+        if word == "map":
+            take("<")
+            key = data_type()
+            take(",")
+            value = data_type()
+            take(">")
+            return MapType(key, value, True)
+        if word == "struct":
+            take("<")
+            fields = fields_until(">")
+            take(">")
+            return StructType(fields)
+        raise _DdlError(word)
+
+    def fields_until(end: str | None) -> list[StructField]:
+        fields = []
+        while True:
+            field_name = name()
+            if peek() == ":":
+                take(":")
+            fields.append(StructField(field_name, data_type(), True))
+            if peek() == ",":
+                take(",")
+                continue
+            if peek() == end:
+                return fields
+            raise _DdlError(peek() or "end")
+
+    return StructType(fields_until(None))
+
+
+def parse_ddl(text: str) -> DataType:
+    """A DDL schema string as a Spark type: with Spark's own parser when Spark runs, and
+    without Spark for the simple schemas state functions use (so tests need no Spark)."""
+    if SparkContext._active_spark_context is not None:  # noqa: SLF001 - the one way to ask without starting it
+        return _parse_datatype_string(text)
+    try:
+        return _parse_ddl_locally(text)
+    except (_DdlError, ValueError) as error:
+        raise ConfigurationError(
+            f"schema {text!r} needs Spark's DDL parser (no Spark session runs; this one reads names with "
+            f"simple, array, map, struct and decimal types; stopped at {error}); give a dataclass or a "
+            "StructType instead, or start a Spark session first"
+        ) from None
+
+
 def as_python(column: pa.ChunkedArray | pa.Array) -> list[Any]:
     """An Arrow column as Python values. Timestamps become naive datetimes in UTC, as PySpark
     hands them out: pyarrow's time-zone-aware conversion costs 80 times more."""
@@ -158,7 +277,7 @@ class RowSchema:
         if isinstance(declared, RowSchema):
             return declared
         if isinstance(declared, str):
-            declared = _parse_datatype_string(declared)
+            declared = parse_ddl(declared)
             if not isinstance(declared, StructType):
                 raise ConfigurationError(f"a row schema must be a struct, e.g. 'id string, n long'; got {declared}")
         if isinstance(declared, StructType):

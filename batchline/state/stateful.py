@@ -8,34 +8,34 @@ Each batch the operator shuffles its input into ``num_partitions`` state partiti
 ``repartition(n, keys)`` (a shuffle by number, which adaptive execution never coalesces;
 the task count is checked every batch) and runs the state function in ``mapInArrow``. Its
 job caches the output, so outputs that read it never run the function twice, and collects
-the batch's statistics. Values that depend on the previous batch (the version to build on,
-the watermark) reach the tasks as Spark local properties of the job, because the batch's
-DataFrame is built before the previous batch has finished.
+the batch's statistics. What is static reaches the tasks as an ``OperatorSpec`` in the task
+closure; what depends on the previous batch (the version to build on, the watermark) as
+``BatchParams`` in a Spark local property of the job, because the batch's DataFrame is built
+before the previous batch has finished (``batchline.state.contract``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-import re
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from pyspark import StorageLevel, TaskContext
-from pyspark.accumulators import AccumulatorParam
+from pyspark import StorageLevel
+from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job
-from batchline.state.execution import ERROR_END, ERROR_START, StateFunctionError, Stats, TaskSpec, run_partition
+from batchline.state import operator
+from batchline.state.contract import BatchParams, OperatorSpec, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
+from batchline.state.operator import StateOperatorProgress, operator_task, purge_old_versions, run_batch_job
 from batchline.state.schema import RowSchema
-from batchline.state.store import STATE_DIR, StateFiles, StateMetadata
+from batchline.state.store import STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
 from batchline.streams.base import Watermark
 
@@ -43,36 +43,7 @@ __all__ = ["StatefulNode", "StatefulRuntime", "StateOperatorProgress", "DEFAULT_
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_STATE_PARTITIONS = 8
-RETAINED_VERSIONS = 20
-"""Versions of each partition kept loadable (for the reader and for restarts)."""
-PURGE_EVERY = 10
-_RUNTIME_PROPERTY = "batchline.state.runtime"
-_ERROR = re.compile(re.escape(ERROR_START) + "(.*?)" + re.escape(ERROR_END), re.S)
-
-
-@dataclass(frozen=True)
-class StateOperatorProgress:
-    """What a stateful operator did in one batch."""
-
-    operator: str
-    input_rows: int
-    late_rows: int
-    keys_called: int
-    updated: int
-    removed: int
-    timed_out: int
-    output_rows: int
-    state_keys: int
-    watermark_ms: int | None
-
-
-class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]
-    def zero(self, value: Stats) -> Stats:
-        return Stats()
-
-    def addInPlace(self, a: Stats, b: Stats) -> Stats:  # noqa: N802 - Spark's name
-        return a.merge(b)
+DEFAULT_STATE_PARTITIONS = operator.DEFAULT_STATE_PARTITIONS
 
 
 class StatefulNode(StreamNode):
@@ -135,11 +106,11 @@ class StatefulRuntime(StreamRuntime):
                 "create the StreamingContext with checkpoint=<path or URL>"
             )
         self._checkpoint = env.checkpoint
-        self._files = StateFiles(env.checkpoint.storage, node.name)
+        self._files: StateStore = FileStateStore(env.checkpoint.storage, node.name)
         self.metadata: StateMetadata | None = None
         self.prev_version: int | None = None
         self.max_event_time_ms: int | None = None
-        self._stats: dict[int, Any] = {}
+        self._stats: dict[int, Accumulator[Stats]] = {}
         self._ran: set[int] = set()
         self._commits = 0
 
@@ -172,7 +143,7 @@ class StatefulRuntime(StreamRuntime):
     def num_partitions(self) -> int:
         if self.metadata is not None:
             return self.metadata.num_partitions
-        return self.node.requested_partitions or DEFAULT_STATE_PARTITIONS
+        return self.node.requested_partitions or operator.DEFAULT_STATE_PARTITIONS
 
     def _ensure_metadata(self, key_schema: StructType) -> StateMetadata:
         node = self.node
@@ -220,22 +191,13 @@ class StatefulRuntime(StreamRuntime):
             self._ran.discard(batch_time)
             self.prev_version = batch_time
             self._commits += 1
-            if self._commits % PURGE_EVERY == 0:
+            if self._commits % operator.PURGE_EVERY == 0:
                 threading.Thread(target=self._purge, name=f"batchline-state-purge-{self.name}", daemon=True).start()
 
     def _purge(self) -> None:
         """Delete state files older than the retained versions, off the batch's path."""
-        if self.metadata is None:
-            return
-        try:
-            removed = sum(self._files.purge(self.metadata.generation, p, RETAINED_VERSIONS)
-                          for p in range(self.metadata.num_partitions))
-            if removed:
-                logger.info("Operator %s: removed %d state files older than its %d retained versions", self.name,
-                            removed, RETAINED_VERSIONS)
-        except Exception:
-            logger.exception("Purging old state files of operator %s failed; retrying after later batches",
-                             self.name)
+        if self.metadata is not None:
+            purge_old_versions(self._files, self.metadata)
 
     # ---------------------------------------------------------------- batches
     def compute(self, batch_time: int) -> DataFrame:
@@ -245,21 +207,13 @@ class StatefulRuntime(StreamRuntime):
         if missing:
             raise ConfigurationError(f"operator {self.name!r}: key column(s) {missing} are not in {df.columns}")
         metadata = self._ensure_metadata(StructType([df.schema[k] for k in node.key_names]))
-        stats = self.env.spark.sparkContext.accumulator(Stats(), _StatsParam())
-        self._stats[batch_time] = stats
-        template = TaskSpec(
-            files=self._files, generation=metadata.generation, key_names=node.key_names, key_schema=metadata.key_schema,
-            state=node.state_schema, output=node.output_schema, fn=node.fn, flat=node.flat, timeout=node.timeout,
-            batch_time=batch_time, prev_version=None, token=0, watermark_ms=None,
-            event_time_column=node.event_time.column if node.event_time else None, stats=stats,
+        spec = OperatorSpec(
+            store=self._files, generation=metadata.generation, key_names=node.key_names,
+            key_schema=metadata.key_schema, state=node.state_schema, output=node.output_schema, fn=node.fn,
+            flat=node.flat, timeout=node.timeout, event_time_column=node.event_time.column if node.event_time else None,
         )
-
-        def task(batches: Any) -> Any:
-            context = TaskContext.get()
-            runtime = json.loads(context.getLocalProperty(_RUNTIME_PROPERTY) or "{}").get(template.operator, {})
-            spec = TaskSpec(**{**template.__dict__, **runtime})
-            return run_partition(spec, batches, context.partitionId())
-
+        task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
+        self._stats[batch_time] = stats
         out = df.repartition(metadata.num_partitions, *node.key_names).mapInArrow(task, node.output_schema.struct)
         return out.persist(StorageLevel.MEMORY_AND_DISK)
 
@@ -283,26 +237,14 @@ class StatefulRuntime(StreamRuntime):
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
         watermark = self.watermark_ms()
-        runtime = {"prev_version": self.prev_version, "token": self._checkpoint.lease.token or 0,
-                   "watermark_ms": watermark}
-        spark_context = self.env.spark.sparkContext
-        current = json.loads(spark_context.getLocalProperty(_RUNTIME_PROPERTY) or "{}")
-        current[self.name] = runtime
-        spark_context.setLocalProperty(_RUNTIME_PROPERTY, json.dumps(current))
-        try:
-            df.count()
-        except Exception as error:
-            match = _ERROR.search(str(error))
-            if match is None:
-                raise
-            raise StateFunctionError(match.group(1).strip()) from None
+        params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
+                             token=self._checkpoint.lease.token or 0, watermark_ms=watermark)
+        run_batch_job(self.env.spark.sparkContext, self.name, params, df)
         stats: Stats = self._stats[batch_time].value
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
         self._ran.add(batch_time)
-        self.env.input_info.report_operator(batch_time, StateOperatorProgress(
-            self.name, stats.rows, stats.late_rows, stats.keys_called, stats.updated, stats.removed,
-            stats.timed_out, stats.output_rows, stats.state_keys, watermark))
+        self.env.input_info.report_operator(batch_time, StateOperatorProgress.of(self.name, stats, watermark))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)

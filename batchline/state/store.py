@@ -1,11 +1,22 @@
-"""The state store's files (SPEC D4): versioned, per operator and partition, at the
-checkpoint location so that every executor reaches them.
+"""The state store (SPEC D4): versioned state files per operator and partition, behind a
+small interface, with one implementation over the checkpoint location and one in memory.
 
-Layout under ``<checkpoint>/state/<operator>/``::
+``StateStore`` is what the operator, its tasks, the DataFrame reader/writer and the offline
+tools need of a store. Its unit is one *version file*: the table of one version of one
+partition, of one kind (a ``delta``: the keys a batch changed, or a ``snapshot``: every key
+at that version), with a typed ``FileHeader``.
 
-    _metadata.json                      partition count, key and state schema (sealed JSON)
-    g<generation>/p<partition>/<version>.delta.arrow     the keys one batch changed
-    g<generation>/p<partition>/<version>.snapshot.arrow  every key at that version
+- ``FileStateStore`` keeps them at the checkpoint location so that every executor reaches
+  them; it travels to Spark tasks as URL and options, and each worker opens its own file
+  system. Layout under ``<checkpoint>/state/<operator>/``::
+
+      _metadata.json                                       partition count, schemas (sealed JSON)
+      g<generation>/p<partition>/<version>.delta.arrow     the keys one batch changed
+      g<generation>/p<partition>/<version>.snapshot.arrow  every key at that version
+
+- ``MemoryStateStore`` keeps the same bytes in a dict of this process, for unit tests and
+  for running the per-key path without Spark. It refuses to be pickled, so it can never be
+  shipped to Spark workers by mistake.
 
 A version is a batch time. Every batch writes a delta for every partition, empty when
 nothing changed, so a re-run batch always overwrites what a failed attempt wrote. Versions
@@ -14,18 +25,23 @@ reads the newest snapshot at or below ``v`` plus the deltas above it. Rescaling 
 generation and switches the metadata last.
 
 Files are Arrow IPC: key columns ``key.<name>``, state columns ``state.<field>``,
-``__timeout_ms`` (null: none) and ``__removed``. The stored state schema travels in each
-file, so new code reads old files by field name (schema evolution, SPEC D5).
+``__timeout_ms`` (null: none) and ``__removed``; the header is JSON under the ``batchline``
+key of the schema metadata. The stored state schema travels in each file, so new code reads
+old files by field name (schema evolution, SPEC D5).
 """
 
 from __future__ import annotations
 
+import abc
+import dataclasses
 import io
 import json
 import logging
+import threading
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -36,21 +52,45 @@ from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.errors import BatchlineError
 from batchline.state.schema import RowSchema, as_python
 
-__all__ = ["StateMetadata", "StateFiles", "StateVersionError", "PartitionData", "STATE_DIR"]
+__all__ = [
+    "DELTA",
+    "SNAPSHOT",
+    "STATE_DIR",
+    "FileHeader",
+    "FileStateStore",
+    "MemoryStateStore",
+    "PartitionData",
+    "StateFiles",
+    "StateMetadata",
+    "StateStore",
+    "StateStoreError",
+    "StateVersionError",
+    "VersionFile",
+    "apply_table",
+    "entries_table",
+]
 
 logger = logging.getLogger(__name__)
 
 STATE_DIR = "state"
 METADATA = "_metadata.json"
 DELTA, SNAPSHOT = "delta", "snapshot"
+KINDS = (DELTA, SNAPSHOT)
 KEY_PREFIX, STATE_PREFIX = "key.", "state."
 TIMEOUT_COL, REMOVED_COL = "__timeout_ms", "__removed"
+HEADER_KEY = b"batchline"
+HEADER_FORMAT = 1
 
 
 class StateVersionError(BatchlineError):
     """A requested state version is not retained (or was never written)."""
 
 
+class StateStoreError(BatchlineError):
+    """The state store was used in a way it cannot support, or holds a file it cannot read."""
+
+
+# -------------------------------------------------------------------- records
 @dataclass(frozen=True)
 class StateMetadata:
     """What is fixed for an operator's state: its partition count (SPEC D6) and schemas."""
@@ -76,6 +116,56 @@ class StateMetadata:
                    payload["timeout"])
 
 
+@dataclass(frozen=True)
+class FileHeader:
+    """What a version file says about itself, kept in its Arrow schema metadata."""
+
+    version: int
+    partition: int
+    kind: str
+    """``delta`` or ``snapshot``."""
+    initial: bool = False
+    """A snapshot written from an initial state: the function is called once for each of its
+    keys in the first batch (SPEC D8)."""
+    format: int = HEADER_FORMAT
+
+    def __post_init__(self) -> None:
+        if self.version < 0 or self.partition < 0:
+            raise StateStoreError(f"state versions are batch times and partitions are numbered from 0; got version "
+                                  f"{self.version}, partition {self.partition}. Pass the batch time in epoch ms")
+        if self.kind not in KINDS:
+            raise StateStoreError(f"a state file is a {DELTA!r} or a {SNAPSHOT!r}, not {self.kind!r}; "
+                                  "pass one of the store's DELTA or SNAPSHOT constants")
+
+    def to_metadata(self) -> dict[bytes, bytes]:
+        return {HEADER_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True).encode()}
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[bytes, bytes] | None, kind: str, where: str) -> FileHeader:
+        """The header of a file read as ``kind``; files written before headers were typed
+        carry only version, partition and perhaps ``initial``, and read the same."""
+        raw = (metadata or {}).get(HEADER_KEY)
+        if raw is None:
+            raise StateStoreError(f"{where} has no batchline header; it was not written by batchline's state "
+                                  "store. Remove it from the state directory, or restore the original file")
+        try:
+            payload = json.loads(raw)
+            return cls(version=int(payload["version"]), partition=int(payload["partition"]),
+                       kind=str(payload.get("kind", kind)), initial=bool(payload.get("initial", False)),
+                       format=int(payload.get("format", HEADER_FORMAT)))
+        except (ValueError, KeyError, TypeError) as error:
+            raise StateStoreError(f"{where} has an unreadable header ({error}); restore the file from a copy "
+                                  "of the checkpoint, or remove the operator's state to start it afresh") from error
+
+
+@dataclass(frozen=True)
+class VersionFile:
+    """One version file, read back: its header and its table."""
+
+    header: FileHeader
+    table: pa.Table
+
+
 @dataclass
 class PartitionData:
     """One partition's state at one version: key -> (state tuple, timeout ms or None)."""
@@ -87,62 +177,75 @@ class PartitionData:
     """Keys loaded from an initial state and not yet seen by the function (SPEC D8)."""
 
 
-def _file_name(version: int, kind: str) -> str:
-    return f"{version:015d}.{kind}.arrow"
+def encode_version_file(header: FileHeader, table: pa.Table) -> bytes:
+    """A table and its header as the bytes of an Arrow IPC file."""
+    table = table.replace_schema_metadata(header.to_metadata())
+    sink = io.BytesIO()
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
 
 
-def _parse_name(name: str) -> tuple[int, str] | None:
-    parts = name.split(".")
-    if len(parts) == 3 and parts[0].isdigit() and parts[1] in (DELTA, SNAPSHOT) and parts[2] == "arrow":
-        return int(parts[0]), parts[1]
-    return None
+def decode_version_file(data: bytes, kind: str, where: str) -> VersionFile:
+    table = ipc.open_file(pa.BufferReader(data)).read_all()
+    return VersionFile(FileHeader.from_metadata(table.schema.metadata, kind, where), table)
 
 
-class StateFiles:
-    """Reads and writes one operator's state files; usable on the driver and on executors."""
+# -------------------------------------------------------------------- the interface
+class StateStore(abc.ABC):
+    """One operator's versioned state: metadata, and one file per (generation, partition,
+    version, kind). Usable on the driver and, for stores that can travel, in Spark tasks.
 
-    def __init__(self, storage: CheckpointStorage, operator: str) -> None:
-        self.storage = storage
+    Subclasses implement storage (metadata, write, read, list, delete) and say how they
+    travel to Spark tasks (``__reduce__``); loading plans and clean-up are built on those.
+    """
+
+    def __init__(self, operator: str) -> None:
         self.operator = operator
-        self.base = f"{STATE_DIR}/{operator}"
 
-    @classmethod
-    def open(cls, location: str, operator: str, storage_options: dict[str, Any] | None = None) -> StateFiles:
-        return cls(CheckpointStorage(location, storage_options), operator)
+    # ---------------------------------------------------------------- what subclasses provide
+    @property
+    @abc.abstractmethod
+    def location(self) -> str:
+        """Where the state lives, for messages; also identifies the store in a worker's cache
+        of resident partitions, so two stores never share one."""
 
-    # ---------------------------------------------------------------- metadata
+    @abc.abstractmethod
+    def __reduce__(self) -> tuple[Any, ...]:
+        """How the store travels to Spark tasks inside the task closure, or an error saying
+        why it cannot."""
+
+    @abc.abstractmethod
     def read_metadata(self) -> StateMetadata | None:
-        name = f"{self.base}/{METADATA}"
-        if not self.storage.exists(name):
-            return None
-        return StateMetadata.from_json(self.storage.read_sealed(name))
+        """The operator's metadata, or None when it has no state yet."""
 
+    @abc.abstractmethod
     def write_metadata(self, metadata: StateMetadata) -> None:
-        self.storage.replace(f"{self.base}/{METADATA}", seal(metadata.to_json()))
+        """Replace the metadata in one step."""
 
-    def partition_dir(self, generation: int, partition: int) -> str:
-        return f"{self.base}/g{generation}/p{partition:05d}"
-
-    # ---------------------------------------------------------------- versions
+    @abc.abstractmethod
     def list_versions(self, generation: int, partition: int) -> dict[int, set[str]]:
-        """Kinds of file present for each version of a partition."""
-        found: dict[int, set[str]] = {}
-        for name in self.storage.list_names(self.partition_dir(generation, partition)):
-            parsed = _parse_name(name)
-            if parsed is not None:
-                found.setdefault(parsed[0], set()).add(parsed[1])
-        return found
+        """The kinds of file present for each version of a partition."""
 
-    def write(self, generation: int, partition: int, version: int, kind: str, table: pa.Table,
-              extra: dict[str, str] | None = None) -> None:
-        """Write (or rewrite, for a retried task) one version's file of a partition."""
-        metadata = {b"batchline": json.dumps({"version": version, "partition": partition, **(extra or {})}).encode()}
-        table = table.replace_schema_metadata(metadata)
-        sink = io.BytesIO()
-        with ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        self.storage.replace(f"{self.partition_dir(generation, partition)}/{_file_name(version, kind)}",
-                             sink.getvalue())
+    @abc.abstractmethod
+    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> None:
+        """Write (or rewrite, for a retried task) the file ``header`` describes."""
+
+    @abc.abstractmethod
+    def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
+        """One version file with its header."""
+
+    @abc.abstractmethod
+    def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
+        """Delete one version file; nothing happens when it is already gone."""
+
+    @abc.abstractmethod
+    def delete_generation(self, generation: int) -> None:
+        """Delete every file of a generation (an old one after a rescale, or a crashed rescale's)."""
+
+    # ---------------------------------------------------------------- built on them
+    def describe_partition(self, partition: int) -> str:
+        return f"state of operator {self.operator!r}, partition {partition}"
 
     def purge(self, generation: int, partition: int, retain: int) -> int:
         """Delete files no longer needed to load the newest ``retain`` versions: everything
@@ -159,14 +262,10 @@ class StateFiles:
         for v in ordered:
             if v >= floors[-1]:
                 break
-            for kind in versions[v]:
-                self.storage.delete(f"{self.partition_dir(generation, partition)}/{_file_name(v, kind)}")
+            for kind in sorted(versions[v]):
+                self.delete_version(generation, partition, v, kind)
                 removed += 1
         return removed
-
-    def read(self, generation: int, partition: int, version: int, kind: str) -> pa.Table:
-        data = self.storage.read(f"{self.partition_dir(generation, partition)}/{_file_name(version, kind)}")
-        return ipc.open_file(pa.BufferReader(data)).read_all()
 
     def plan_load(self, generation: int, partition: int, version: int | None, below: int | None = None,
                   since: int | None = None) -> tuple[int | None, list[tuple[int, str]]]:
@@ -177,8 +276,9 @@ class StateFiles:
         candidates = sorted(v for v in versions if (below is None or v < below) and (version is None or v <= version))
         if version is not None and version not in versions:
             raise StateVersionError(
-                f"state of operator {self.operator!r}, partition {partition}, has no version {version} at "
-                f"{self.storage.url}; retained versions: {_span(sorted(versions))}"
+                f"{self.describe_partition(partition)} has no version {version} at {self.location}; retained "
+                f"versions: {_span(sorted(versions))}. Read one of the retained versions, or restore the "
+                "checkpoint's state directory if files were removed by hand"
             )
         if not candidates:
             return None, []
@@ -194,17 +294,174 @@ class StateFiles:
             if start is None or v > start:
                 if DELTA not in versions[v]:
                     raise StateVersionError(
-                        f"state of operator {self.operator!r}, partition {partition}: version {v} has no delta "
-                        "and no earlier snapshot covers it; the state files are incomplete"
+                        f"{self.describe_partition(partition)}: version {v} has no delta and no earlier snapshot "
+                        f"covers it at {self.location}; the state files are incomplete. Restore the state "
+                        "directory from a copy of the checkpoint"
                     )
                 steps.append((v, DELTA))
         return target, steps
+
+    def _check_header(self, found: VersionFile, generation: int, partition: int, version: int, kind: str,
+                      where: str) -> VersionFile:
+        header = found.header
+        if (header.version, header.partition, header.kind) != (version, partition, kind):
+            raise StateStoreError(
+                f"{where} says it holds {header.kind} version {header.version} of partition {header.partition}, "
+                f"not {kind} version {version} of partition {partition} (generation {generation}); state files "
+                "were moved or renamed. Put them back where they were written"
+            )
+        return found
 
 
 def _span(versions: list[int]) -> str:
     if not versions:
         return "none"
     return f"{versions[0]} .. {versions[-1]} ({len(versions)} versions)"
+
+
+def _file_name(version: int, kind: str) -> str:
+    return f"{version:015d}.{kind}.arrow"
+
+
+def _parse_name(name: str) -> tuple[int, str] | None:
+    parts = name.split(".")
+    if len(parts) == 3 and parts[0].isdigit() and parts[1] in KINDS and parts[2] == "arrow":
+        return int(parts[0]), parts[1]
+    return None
+
+
+# -------------------------------------------------------------------- at the checkpoint location
+class FileStateStore(StateStore):
+    """An operator's state files at the checkpoint location (a local path or fsspec URL)."""
+
+    def __init__(self, storage: CheckpointStorage, operator: str) -> None:
+        super().__init__(operator)
+        self.storage = storage
+        self.base = f"{STATE_DIR}/{operator}"
+
+    @classmethod
+    def open(cls, location: str, operator: str, storage_options: dict[str, Any] | None = None) -> FileStateStore:
+        return cls(CheckpointStorage(location, storage_options), operator)
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # The storage travels as URL and options; each worker opens its own file system.
+        return (type(self), (self.storage, self.operator))
+
+    def __repr__(self) -> str:
+        return f"FileStateStore({self.storage.url!r}, {self.operator!r})"
+
+    @property
+    def location(self) -> str:
+        return self.storage.url
+
+    def read_metadata(self) -> StateMetadata | None:
+        name = f"{self.base}/{METADATA}"
+        if not self.storage.exists(name):
+            return None
+        return StateMetadata.from_json(self.storage.read_sealed(name))
+
+    def write_metadata(self, metadata: StateMetadata) -> None:
+        self.storage.replace(f"{self.base}/{METADATA}", seal(metadata.to_json()))
+
+    def partition_dir(self, generation: int, partition: int) -> str:
+        return f"{self.base}/g{generation}/p{partition:05d}"
+
+    def _path(self, generation: int, partition: int, version: int, kind: str) -> str:
+        return f"{self.partition_dir(generation, partition)}/{_file_name(version, kind)}"
+
+    def list_versions(self, generation: int, partition: int) -> dict[int, set[str]]:
+        found: dict[int, set[str]] = {}
+        for name in self.storage.list_names(self.partition_dir(generation, partition)):
+            parsed = _parse_name(name)
+            if parsed is not None:
+                found.setdefault(parsed[0], set()).add(parsed[1])
+        return found
+
+    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> None:
+        self.storage.replace(self._path(generation, header.partition, header.version, header.kind),
+                             encode_version_file(header, table))
+
+    def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
+        path = self._path(generation, partition, version, kind)
+        found = decode_version_file(self.storage.read(path), kind, self.storage.full_url(path))
+        return self._check_header(found, generation, partition, version, kind, self.storage.full_url(path))
+
+    def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
+        self.storage.delete(self._path(generation, partition, version, kind))
+
+    def delete_generation(self, generation: int) -> None:
+        self.storage.delete(f"{self.base}/g{generation}", recursive=True)
+
+
+StateFiles = FileStateStore
+"""The name the file store had before the store interface; kept for existing callers."""
+
+
+# -------------------------------------------------------------------- in this process
+class MemoryStateStore(StateStore):
+    """State files as bytes in a dict of this process: for unit tests and for the per-key
+    path without Spark. It never leaves the process: pickling it raises ``StateStoreError``."""
+
+    def __init__(self, operator: str) -> None:
+        super().__init__(operator)
+        self._id = uuid.uuid4().hex
+        self._lock = threading.Lock()
+        self._metadata: dict[str, Any] | None = None
+        self._files: dict[tuple[int, int, int, str], bytes] = {}
+
+    def __reduce__(self) -> NoReturn:
+        raise StateStoreError(
+            f"MemoryStateStore of operator {self.operator!r} holds its state in this Python process only and "
+            "cannot be pickled or shipped to Spark workers; use FileStateStore (a checkpoint location) for "
+            "anything that runs in Spark, and MemoryStateStore only in-process (tests, StateFunctionTester)"
+        )
+
+    def __repr__(self) -> str:
+        return f"MemoryStateStore({self.operator!r}, {len(self._files)} files)"
+
+    @property
+    def location(self) -> str:
+        return f"memory://{self._id}"
+
+    def read_metadata(self) -> StateMetadata | None:
+        with self._lock:
+            return None if self._metadata is None else StateMetadata.from_json(self._metadata)
+
+    def write_metadata(self, metadata: StateMetadata) -> None:
+        payload = json.loads(json.dumps(metadata.to_json()))  # stored as a file would be: no shared objects
+        with self._lock:
+            self._metadata = payload
+
+    def list_versions(self, generation: int, partition: int) -> dict[int, set[str]]:
+        found: dict[int, set[str]] = {}
+        with self._lock:
+            for g, p, version, kind in self._files:
+                if (g, p) == (generation, partition):
+                    found.setdefault(version, set()).add(kind)
+        return found
+
+    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> None:
+        data = encode_version_file(header, table)
+        with self._lock:
+            self._files[(generation, header.partition, header.version, header.kind)] = data
+
+    def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
+        where = f"{self.location}/g{generation}/p{partition}/{_file_name(version, kind)}"
+        with self._lock:
+            data = self._files.get((generation, partition, version, kind))
+        if data is None:
+            raise StateVersionError(f"{self.describe_partition(partition)} has no {kind} at version {version} in "
+                                    f"{self.location}; list_versions() shows what the store holds")
+        return self._check_header(decode_version_file(data, kind, where), generation, partition, version, kind, where)
+
+    def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
+        with self._lock:
+            self._files.pop((generation, partition, version, kind), None)
+
+    def delete_generation(self, generation: int) -> None:
+        with self._lock:
+            for name in [name for name in self._files if name[0] == generation]:
+                del self._files[name]
 
 
 # -------------------------------------------------------------------- Arrow codec

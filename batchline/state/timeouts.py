@@ -58,7 +58,7 @@ class TimeoutIndex(Generic[K]):
 
     def pop_due(self, now_ms: int) -> list[tuple[K, int]]:
         """Remove and return the keys whose deadline is at or before ``now_ms``, earliest first."""
-        due = []
+        due: list[tuple[K, int]] = []
         while True:
             self._drop_empty_top()
             if not self._heap or self._heap[0] > now_ms:

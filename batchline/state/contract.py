@@ -1,0 +1,265 @@
+"""The typed contract between a stateful operator's driver and its tasks.
+
+- ``OperatorSpec``: what is static for the operator (its store, generation, keys, schemas,
+  function, timeout kind, event-time column). It travels pickled inside the task closure;
+  the function is user code, which is fine there and never goes into a checkpoint.
+- ``BatchParams``: what changes per batch (batch time, the version to build on, the lease
+  token, the watermark). The batch's DataFrame is built before the previous batch finished,
+  so these reach the tasks as a Spark local property of the job: the driver publishes
+  ``{operator: params.to_json()}`` with ``with_batch_params`` and each task reads exactly its
+  own entry with ``batch_params_from_property``.
+- ``Stats``: what a task counted, summed across tasks with ``Stats.merge``.
+- Errors: a task that fails because of the state function raises a ``TaskFailure`` whose text
+  carries one ``TaskErrorPayload`` as JSON between two markers; Spark hands the driver that
+  text inside its own error, and ``error_from_task`` turns it back into a
+  ``StateFunctionError`` with the payload's fields as attributes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from batchline.errors import BatchlineError, ConfigurationError
+from batchline.state.group_state import GroupStateTimeout
+from batchline.state.schema import RowSchema
+from batchline.state.store import StateStore
+
+__all__ = [
+    "BATCH_PARAMS_PROPERTY",
+    "BatchParams",
+    "ErrorKind",
+    "OperatorSpec",
+    "StateFunctionError",
+    "Stats",
+    "TaskErrorPayload",
+    "TaskFailure",
+    "batch_params_from_property",
+    "error_from_task",
+    "with_batch_params",
+]
+
+logger = logging.getLogger(__name__)
+
+BATCH_PARAMS_PROPERTY = "batchline.state.batch"
+"""The Spark local property that carries each operator's ``BatchParams`` to its tasks."""
+ERROR_START, ERROR_END = "<<batchline-state-error>>", "<<end-batchline-state-error>>"
+
+
+# -------------------------------------------------------------------- static and per batch
+@dataclass(frozen=True)
+class OperatorSpec:
+    """What a task needs of its operator that does not change between batches."""
+
+    store: StateStore
+    """The operator's state store; it travels with the task as its ``__reduce__`` says."""
+    generation: int
+    key_names: tuple[str, ...]
+    key_schema: StructType
+    state: RowSchema
+    output: RowSchema
+    fn: Callable[..., Any]
+    flat: bool
+    timeout: GroupStateTimeout
+    event_time_column: str | None = None
+
+    @property
+    def operator(self) -> str:
+        return self.store.operator
+
+    @property
+    def single_key(self) -> bool:
+        return len(self.key_names) == 1
+
+
+@dataclass(frozen=True)
+class BatchParams:
+    """What a task needs of its batch, published by the driver when the batch's job runs."""
+
+    batch_time: int
+    prev_version: int | None
+    """The operator's last committed version, or None when the driver has just started."""
+    token: int
+    """The driver's lease token: a cache built under another driver is never trusted."""
+    watermark_ms: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"batch_time": self.batch_time, "prev_version": self.prev_version, "token": self.token,
+                "watermark_ms": self.watermark_ms}
+
+    @classmethod
+    def from_json(cls, payload: Any) -> BatchParams:
+        """Parameters from ``to_json``'s output; every field must be there (null where optional)."""
+
+        def integer(name: str, optional: bool) -> int | None:
+            if not isinstance(payload, dict) or name not in payload:
+                value: Any = _ABSENT
+            else:
+                value = payload[name]
+            if value is None and optional:
+                return None
+            if not isinstance(value, int) or isinstance(value, bool):
+                raise ConfigurationError(
+                    f"batch parameters {payload!r} lack an integer {name!r}; the driver and the workers run "
+                    "different batchline versions. Install the same version on both and restart"
+                )
+            return value
+
+        batch_time, token = integer("batch_time", False), integer("token", False)
+        assert batch_time is not None and token is not None
+        return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True))
+
+
+_ABSENT = object()
+
+
+def with_batch_params(current: str | None, operator: str, params: BatchParams) -> str:
+    """The local property's new value: ``current`` with ``operator``'s entry set to ``params``
+    (other operators' entries stay, for jobs that evaluate several operators)."""
+    published = json.loads(current) if current else {}
+    published[operator] = params.to_json()
+    return json.dumps(published, sort_keys=True)
+
+
+def batch_params_from_property(value: str | None, operator: str) -> BatchParams:
+    """The task's side of ``with_batch_params``: this operator's parameters, and only them."""
+    published = json.loads(value) if value else {}
+    if operator not in published:
+        raise ConfigurationError(
+            f"the job has no batch parameters for stateful operator {operator!r}; its DataFrame was evaluated "
+            "outside the batch's jobs. Read a stateful operator's output only from an output operation "
+            "(foreach_batch and the like)"
+        )
+    return BatchParams.from_json(published[operator])
+
+
+# -------------------------------------------------------------------- statistics
+_SUM, _MAX, _OR = "sum", "max", "or"
+
+
+@dataclass
+class Stats:
+    """What one task (or, merged, every task of a batch) did."""
+
+    rows: int = 0
+    late_rows: int = 0
+    keys_called: int = 0
+    updated: int = 0
+    removed: int = 0
+    timed_out: int = 0
+    output_rows: int = 0
+    state_keys: int = 0
+    max_event_time_ms: int | None = field(default=None, metadata={"merge": _MAX})
+    partitions: int = field(default=0, metadata={"merge": _OR})
+    """A bit per state partition that ran, to prove none was coalesced away."""
+
+    def merge(self, other: Stats) -> Stats:
+        """Field by field: counts add up, the newest event time wins, partition bits combine."""
+        merged: dict[str, Any] = {}
+        for f in dataclasses.fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            how = f.metadata.get("merge", _SUM)
+            if how == _MAX:
+                merged[f.name] = b if a is None else a if b is None else max(a, b)
+            elif how == _OR:
+                merged[f.name] = a | b
+            else:
+                merged[f.name] = a + b
+        return Stats(**merged)
+
+
+# -------------------------------------------------------------------- errors
+class ErrorKind(enum.Enum):
+    """Why a task failed because of the state function."""
+
+    RAISED = "raised"
+    WRONG_STATE_TYPE = "wrong_state_type"
+    TIMEOUT_WITHOUT_STATE = "timeout_without_state"
+    STATE_SCHEMA = "state_schema"
+    OUTPUT_SCHEMA = "output_schema"
+    STATE_ENCODING = "state_encoding"
+
+
+@dataclass(frozen=True)
+class TaskErrorPayload:
+    """One failure of the state function, as it crosses from a task to the driver."""
+
+    kind: str
+    """An ``ErrorKind`` value."""
+    operator: str
+    key_repr: str | None
+    """``repr`` of the key the function failed for, or None when no single key is to blame."""
+    batch_time: int
+    message: str
+    """What happened and what to do, without the traceback."""
+    python_traceback: str
+    """The Python traceback of the failure in the task, or empty."""
+
+    def to_text(self) -> str:
+        """The payload between markers, on one line of ASCII that contains neither marker."""
+        body = json.dumps(dataclasses.asdict(self), ensure_ascii=True, sort_keys=True)
+        return ERROR_START + body.replace("<", "\\u003c").replace(">", "\\u003e") + ERROR_END
+
+    @classmethod
+    def find_in(cls, text: str) -> TaskErrorPayload | None:
+        """The first payload in ``text`` (a Spark error that quotes the task's exception)."""
+        start = text.find(ERROR_START)
+        end = text.find(ERROR_END, start + len(ERROR_START)) if start >= 0 else -1
+        if end < 0:
+            return None
+        try:
+            fields = json.loads(text[start + len(ERROR_START):end])
+            return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls)})
+        except (ValueError, KeyError, TypeError):
+            logger.warning("A state error payload in a task's error could not be read; raising the error as it is")
+            return None
+
+    def describe(self) -> str:
+        return f"{self.message}\n{self.python_traceback.rstrip()}" if self.python_traceback else self.message
+
+
+class TaskFailure(BatchlineError):
+    """Raised inside a task: its text is the payload between markers, which Spark carries to
+    the driver inside its own error. ``error_from_task`` reads it back."""
+
+    def __init__(self, payload: TaskErrorPayload) -> None:
+        self.payload = payload
+        super().__init__(payload.to_text())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.payload,))
+
+
+class StateFunctionError(BatchlineError):
+    """The state function raised (or returned something unusable) for a key. Fix the
+    function and start the pipeline again: the failed batch re-runs from the state before it."""
+
+    def __init__(self, payload: TaskErrorPayload) -> None:
+        self.payload = payload
+        self.kind = ErrorKind(payload.kind)
+        self.operator = payload.operator
+        self.key_repr = payload.key_repr
+        self.batch_time = payload.batch_time
+        self.python_traceback = payload.python_traceback
+        super().__init__(payload.describe())
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.payload,))
+
+
+def error_from_task(error: BaseException) -> StateFunctionError | None:
+    """The ``StateFunctionError`` a failed job's error carries from its task, or None when the
+    job failed for another reason (re-raise that one as it is)."""
+    if isinstance(error, StateFunctionError):
+        return error
+    if isinstance(error, TaskFailure):
+        return StateFunctionError(error.payload)
+    payload = TaskErrorPayload.find_in(str(error))
+    return None if payload is None else StateFunctionError(payload)

@@ -1,0 +1,405 @@
+"""The state store interface (SPEC D4) against every implementation, and the per-key path
+``run_partition`` driven without Spark over each of them."""
+
+import itertools
+import pickle
+import socket
+from dataclasses import dataclass
+
+import boto3
+import pyarrow as pa
+import pytest
+from moto.server import ThreadedMotoServer
+from pyspark import cloudpickle
+from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+
+from batchline.errors import BatchlineError, ConfigurationError
+from batchline.state import GroupStateTimeout, StateFunctionError, StateVersionError
+from batchline.state.contract import (
+    BATCH_PARAMS_PROPERTY,
+    BatchParams,
+    ErrorKind,
+    OperatorSpec,
+    Stats,
+    TaskErrorPayload,
+    TaskFailure,
+    batch_params_from_property,
+    error_from_task,
+    with_batch_params,
+)
+from batchline.state.execution import PartitionCache, load_partition, run_partition
+from batchline.state.schema import RowSchema
+from batchline.state.store import (
+    DELTA,
+    SNAPSHOT,
+    FileHeader,
+    FileStateStore,
+    MemoryStateStore,
+    StateMetadata,
+    StateStore,
+    StateStoreError,
+    entries_table,
+)
+
+KEYS = StructType([StructField("key", StringType())])
+INPUT = pa.schema([pa.field("key", pa.string()), pa.field("value", pa.int64()),
+                   pa.field("ts", pa.timestamp("us", tz="UTC"))])
+_names = itertools.count()
+
+
+@dataclass
+class Count:
+    count: int
+    total: int
+
+
+STATE = RowSchema.of(Count)
+
+
+@pytest.fixture(scope="module")
+def s3_endpoint():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    options = {"key": "testing", "secret": "testing",
+               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
+    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="batchline-test")
+    yield options
+    server.stop()
+
+
+@pytest.fixture(params=["memory", "file-local", "file-s3"])
+def store(request, tmp_path) -> StateStore:
+    if request.param == "memory":
+        return MemoryStateStore("op")
+    if request.param == "file-local":
+        return FileStateStore.open(str(tmp_path), "op")
+    options = request.getfixturevalue("s3_endpoint")
+    return FileStateStore.open(f"s3://batchline-test/store-{next(_names)}", "op", options)
+
+
+def table(*entries):
+    """A delta/snapshot table from (key, (count, total) or None, timeout)."""
+    return entries_table(KEYS, STATE, iter(entries), True)
+
+
+def write(store, version, kind, *entries, partition=0, initial=False):
+    store.write_version(0, FileHeader(version, partition, kind, initial=initial), table(*entries))
+
+
+def load(store, version, **kwargs):
+    data, _ = load_partition(store, STATE, True, 0, 0, version, **kwargs)
+    return {k: (Count(*v), t) for k, (v, t) in data.entries.items()}
+
+
+# -------------------------------------------------------------------- the interface
+def test_metadata_round_trips(store):
+    assert store.read_metadata() is None
+    metadata = StateMetadata("op", 3, 0, KEYS, STATE.struct, "NO_TIMEOUT")
+    store.write_metadata(metadata)
+    assert store.read_metadata() == metadata
+    store.write_metadata(StateMetadata("op", 5, 1, KEYS, STATE.struct, "PROCESSING_TIME"))
+    assert store.read_metadata().num_partitions == 5
+
+
+def test_versions_are_written_listed_and_read_with_their_headers(store):
+    write(store, 1000, DELTA, ("a", (1, 1), None))
+    write(store, 2000, DELTA, ("a", (2, 3), 5000), ("b", (1, 2), None))
+    write(store, 2000, SNAPSHOT, ("a", (2, 3), 5000), ("b", (1, 2), None), initial=True)
+    write(store, 1000, DELTA, ("z", (9, 9), None), partition=1)
+    assert store.list_versions(0, 0) == {1000: {DELTA}, 2000: {DELTA, SNAPSHOT}}
+    assert store.list_versions(0, 1) == {1000: {DELTA}}
+    assert store.list_versions(1, 0) == {}
+
+    found = store.read_version(0, 0, 2000, SNAPSHOT)
+    assert found.header == FileHeader(2000, 0, SNAPSHOT, initial=True)
+    assert found.table.num_rows == 2
+    assert store.read_version(0, 0, 2000, DELTA).header.initial is False
+    assert store.read_version(0, 1, 1000, DELTA).header.partition == 1
+
+    write(store, 1000, DELTA, ("a", (5, 5), None))  # a retried task rewrites its version
+    assert load(store, 1000) == {"a": (Count(5, 5), None)}
+
+    store.delete_version(0, 0, 2000, SNAPSHOT)
+    store.delete_version(0, 0, 2000, SNAPSHOT)  # already gone: nothing happens
+    assert store.list_versions(0, 0) == {1000: {DELTA}, 2000: {DELTA}}
+    store.delete_generation(0)
+    assert store.list_versions(0, 0) == {} and store.list_versions(0, 1) == {}
+
+
+def test_a_header_must_say_what_it_is():
+    with pytest.raises(StateStoreError, match="'delta' or a 'snapshot'"):
+        FileHeader(1, 0, "full")
+    with pytest.raises(StateStoreError, match="epoch ms"):
+        FileHeader(-1, 0, DELTA)
+    assert FileHeader.from_metadata({b"batchline": b'{"version": 7, "partition": 2, "initial": true}'}, SNAPSHOT,
+                                    "old file") == FileHeader(7, 2, SNAPSHOT, initial=True)  # before typed headers
+    with pytest.raises(StateStoreError, match="no batchline header"):
+        FileHeader.from_metadata({}, DELTA, "foreign.arrow")
+
+
+def test_a_file_in_the_wrong_place_is_refused(tmp_path):
+    store = FileStateStore.open(str(tmp_path), "op")
+    write(store, 1000, DELTA, ("a", (1, 1), None))
+    moved = tmp_path / "state/op/g0/p00000/000000000002000.delta.arrow"
+    (tmp_path / "state/op/g0/p00000/000000000001000.delta.arrow").rename(moved)
+    with pytest.raises(StateStoreError, match="holds delta version 1000 of partition 0, not delta version 2000"):
+        store.read_version(0, 0, 2000, DELTA)
+
+
+def test_plan_load_reads_the_newest_snapshot_and_the_deltas_after_it(store):
+    for version in range(1, 6):
+        write(store, version, DELTA, ("a", (version, version), None))
+    write(store, 3, SNAPSHOT, ("a", (3, 3), None))
+    write(store, 7, DELTA, ("b", (1, 1), None))  # a batch that failed: above the committed version
+    assert store.plan_load(0, 0, 5) == (5, [(3, SNAPSHOT), (4, DELTA), (5, DELTA)])
+    assert store.plan_load(0, 0, 2) == (2, [(1, DELTA), (2, DELTA)])
+    assert store.plan_load(0, 0, None, below=7) == (5, [(3, SNAPSHOT), (4, DELTA), (5, DELTA)])
+    assert store.plan_load(0, 0, None, below=1) == (None, [])
+    assert load(store, 5) == {"a": (Count(5, 5), None)}
+
+
+def test_plan_load_catches_a_held_version_up_with_deltas_only(store):
+    write(store, 1, DELTA, ("a", (1, 1), None))
+    write(store, 2, DELTA, ("b", (1, 1), 9000))
+    write(store, 2, SNAPSHOT, ("a", (1, 1), None), ("b", (1, 1), 9000))
+    write(store, 3, DELTA, ("a", None, None))
+    assert store.plan_load(0, 0, 3, since=1) == (3, [(2, DELTA), (3, DELTA)])
+    assert store.plan_load(0, 0, 3, since=3) == (3, [])
+
+    held, _ = load_partition(store, STATE, True, 0, 0, 1)
+    caught_up, changed = load_partition(store, STATE, True, 0, 0, 3, held=held)
+    assert caught_up is held and caught_up.version == 3 and sorted(changed) == ["a", "b"]
+    assert caught_up.entries == {"b": ((1, 1), 9000)}
+
+
+def test_a_version_that_is_not_there_says_what_is(store):
+    write(store, 10, DELTA, ("a", (1, 1), None))
+    write(store, 20, DELTA, ("a", (2, 2), None))
+    with pytest.raises(StateVersionError, match=r"no version 15 .* retained versions: 10 \.\. 20 \(2 versions\)"):
+        store.plan_load(0, 0, 15)
+    store.purge(0, 0, retain=1)  # no snapshot yet: nothing can go
+    assert sorted(store.list_versions(0, 0)) == [10, 20]
+    empty = MemoryStateStore("other")
+    with pytest.raises(StateVersionError, match=r"no version 1 .* retained versions: none"):
+        empty.plan_load(0, 0, 1)
+    with pytest.raises(StateVersionError, match="list_versions"):
+        empty.read_version(0, 0, 1, DELTA)
+
+
+def test_purge_keeps_what_the_retained_versions_need(store):
+    for version in range(1, 16):
+        write(store, version, DELTA, ("a", (version, sum(range(1, version + 1))), None))
+    write(store, 4, SNAPSHOT, ("a", (4, 10), None))
+    write(store, 9, SNAPSHOT, ("a", (9, 45), None))
+    write(store, 13, SNAPSHOT, ("a", (13, 91), None))
+    assert store.purge(0, 0, retain=20) == 0  # fewer versions than retained
+    removed = store.purge(0, 0, retain=5)  # keeps 11..15, which need the snapshot at 9
+    versions = store.list_versions(0, 0)
+    assert min(versions) == 9 and SNAPSHOT in versions[9]
+    assert removed == 8 + 1  # deltas 1..8 and the snapshot at 4
+    for version in range(11, 16):
+        assert load(store, version) == {"a": (Count(version, sum(range(1, version + 1))), None)}
+    assert store.purge(0, 0, retain=5) == 0
+
+
+# -------------------------------------------------------------------- travelling to tasks
+def test_the_memory_store_refuses_to_travel(tmp_path):
+    store = MemoryStateStore("op")
+    for dump in (pickle.dumps, cloudpickle.dumps):
+        with pytest.raises(StateStoreError, match="cannot be pickled or shipped to Spark workers"):
+            dump(store)
+    spec = OperatorSpec(store, 0, ("key",), KEYS, STATE, RowSchema.of("key string"), running_count, True,
+                        GroupStateTimeout.NO_TIMEOUT)
+    with pytest.raises(StateStoreError, match="use FileStateStore"):
+        cloudpickle.dumps(spec)
+
+
+def test_the_file_store_travels_by_location(tmp_path):
+    store = FileStateStore.open(str(tmp_path), "op")
+    write(store, 1, DELTA, ("a", (1, 1), None))
+    spec = OperatorSpec(store, 0, ("key",), KEYS, STATE, RowSchema.of("key string"), running_count, True,
+                        GroupStateTimeout.NO_TIMEOUT)
+    shipped = pickle.loads(cloudpickle.dumps(spec))
+    assert shipped.store is not store and shipped.store.location == store.location == str(tmp_path)
+    assert load(shipped.store, 1) == {"a": (Count(1, 1), None)}
+
+
+# -------------------------------------------------------------------- the contract
+def test_batch_params_cross_as_json_and_each_operator_reads_its_own():
+    params = BatchParams(batch_time=3000, prev_version=2000, token=7, watermark_ms=None)
+    assert BatchParams.from_json(params.to_json()) == params
+    value = with_batch_params(None, "a", params)
+    value = with_batch_params(value, "b", BatchParams(3000, None, 7, 1500))
+    assert batch_params_from_property(value, "a") == params
+    assert batch_params_from_property(value, "b").watermark_ms == 1500
+    with pytest.raises(ConfigurationError, match="no batch parameters for stateful operator 'c'"):
+        batch_params_from_property(value, "c")
+    with pytest.raises(ConfigurationError, match="lack an integer 'token'"):
+        BatchParams.from_json({"batch_time": 1, "prev_version": None, "watermark_ms": None})
+    assert BATCH_PARAMS_PROPERTY.startswith("batchline.")
+
+
+def test_stats_merge_by_field():
+    a = Stats(rows=2, late_rows=1, keys_called=2, state_keys=5, max_event_time_ms=None, partitions=0b01)
+    b = Stats(rows=3, updated=1, removed=1, timed_out=1, output_rows=4, state_keys=6, max_event_time_ms=900,
+              partitions=0b10)
+    merged = a.merge(b)
+    assert merged == Stats(rows=5, late_rows=1, keys_called=2, updated=1, removed=1, timed_out=1, output_rows=4,
+                           state_keys=11, max_event_time_ms=900, partitions=0b11)
+    assert merged.merge(Stats(max_event_time_ms=500)).max_event_time_ms == 900
+    assert Stats().merge(Stats()) == Stats()
+
+
+def test_an_error_payload_survives_the_text_of_a_spark_error():
+    trace = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: boom'
+    payload = TaskErrorPayload(kind=ErrorKind.RAISED.value, operator="op",
+                               key_repr="'ключ <<end-batchline-state-error>>'", batch_time=5000,
+                               message="the state function raised for key 'ключ'", python_traceback=trace)
+    failure = TaskFailure(payload)
+    spark_text = (f"An error occurred while calling o81.count.\norg.apache.spark.SparkException: Job aborted\n"
+                  f"Traceback (most recent call last):\n  ...\nbatchline.state.contract.TaskFailure: {failure}\n"
+                  f"\tat org.apache.spark.api.python.BasePythonRunner")
+    error = error_from_task(RuntimeError(spark_text))
+    assert isinstance(error, StateFunctionError) and isinstance(error, BatchlineError)
+    assert (error.kind, error.operator, error.key_repr, error.batch_time) == (ErrorKind.RAISED, "op",
+                                                                               payload.key_repr, 5000)
+    assert error.python_traceback == payload.python_traceback
+    assert str(error) == payload.message + "\n" + payload.python_traceback
+    assert "org.apache.spark" not in str(error)
+    assert pickle.loads(pickle.dumps(error)).payload == payload
+    assert error_from_task(RuntimeError("Py4JJavaError: something else")) is None
+    assert error_from_task(failure).payload == payload
+
+
+# -------------------------------------------------------------------- the per-key path without Spark
+def running_count(key, rows, state):
+    count = state.get() if state.exists else Count(0, 0)
+    for row in rows:
+        count = Count(count.count + 1, count.total + row.value)
+    state.update(count)
+    yield {"key": key, "count": count.count}
+
+
+def sessions(key, rows, state):
+    """Counts a key's rows; ``stop`` removes it; times out two seconds after its last data."""
+    if state.has_timed_out:
+        yield {"key": key, "count": -state.get().count}
+        state.remove()
+        return
+    values = [row.value for row in rows]
+    if values == [0]:
+        state.remove()
+        yield {"key": key, "count": 0}
+        return
+    count = (state.get_option() or Count(0, 0)).count + len(values)
+    state.update(Count(count, sum(values)))
+    state.set_timeout_duration("2 seconds")
+    yield {"key": key, "count": count}
+
+
+def arrow_batch(rows):
+    return pa.RecordBatch.from_pylist([{"key": k, "value": v, "ts": None} for k, v in rows], schema=INPUT)
+
+
+class Worker:
+    """Runs batches of one operator's partitions like a Python worker, with its own cache."""
+
+    def __init__(self, spec):
+        self.spec = spec
+        self.cache = PartitionCache()
+
+    def run(self, params, rows, partition=0):
+        reported = []
+        batches = [arrow_batch(rows)] if rows else []
+        out = list(run_partition(self.spec, params, batches, partition, reported.append, cache=self.cache,
+                                 background_snapshots=False))
+        output = sorted(r for b in out for r in zip(*(c.to_pylist() for c in b.columns), strict=True))
+        return output, reported[0]
+
+
+def spec_for(store, fn, timeout=GroupStateTimeout.PROCESSING_TIME):
+    return OperatorSpec(store=store, generation=0, key_names=("key",), key_schema=KEYS, state=STATE,
+                        output=RowSchema.of("key string, count long"), fn=fn, flat=True, timeout=timeout)
+
+
+def test_run_partition_carries_state_over_times_out_and_removes_keys(store):
+    worker = Worker(spec_for(store, sessions))
+    out, stats = worker.run(BatchParams(1000, None, 1, None), [("a", 1), ("b", 2), ("c", 3)])
+    assert out == [("a", 1), ("b", 1), ("c", 1)]
+    assert (stats.rows, stats.keys_called, stats.updated, stats.state_keys, stats.partitions) == (3, 3, 3, 3, 1)
+
+    out, stats = worker.run(BatchParams(2000, 1000, 1, None), [("a", 5), ("b", 0)])  # b removed, a moves on
+    assert out == [("a", 2), ("b", 0)]
+    assert (stats.removed, stats.state_keys) == (1, 2)
+
+    # 3000 ms: no data; c's deadline (3000) is not strictly before the batch time.
+    out, stats = worker.run(BatchParams(3000, 2000, 1, None), [])
+    assert out == [] and stats.timed_out == 0
+    out, stats = worker.run(BatchParams(4000, 3000, 1, None), [])  # c's deadline passed, a's (4000) not
+    assert out == [("c", -1)] and (stats.timed_out, stats.state_keys) == (1, 1)
+    assert load(store, 4000) == {"a": (Count(2, 5), 4000)}
+
+
+def test_another_worker_catches_up_from_the_store_and_a_new_driver_reloads(store):
+    spec = spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT)
+    first, second = Worker(spec), Worker(spec)
+    first.run(BatchParams(1000, None, 1, None), [("a", 1)])
+    second.run(BatchParams(2000, 1000, 1, None), [("a", 2), ("b", 1)])  # never held the partition
+    out, _ = first.run(BatchParams(3000, 2000, 1, None), [("a", 3)])  # held 1000: catches up with the delta at 2000
+    assert out == [("a", 3)]
+    # A failed batch's delta (4000) is above the committed version: a new driver (another
+    # token) builds on 3000, and the re-run rewrites 4000.
+    first.run(BatchParams(4000, 3000, 1, None), [("a", 100)])
+    out, _ = first.run(BatchParams(4000, None, 2, None), [("b", 1)])
+    assert out == [("b", 2)]
+    assert load(store, 4000) == {"a": (Count(3, 6), None), "b": (Count(2, 2), None)}
+
+
+def test_snapshots_follow_ten_deltas_and_loads_start_from_them(store):
+    worker = Worker(spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT))
+    prev = None
+    for i in range(1, 13):
+        worker.run(BatchParams(i * 1000, prev, 1, None), [("a", i)])
+        prev = i * 1000
+    snapshots = [v for v, kinds in store.list_versions(0, 0).items() if SNAPSHOT in kinds]
+    assert snapshots == [10_000]
+    assert store.plan_load(0, 0, 12_000)[1] == [(10_000, SNAPSHOT), (11_000, DELTA), (12_000, DELTA)]
+    assert load(store, 12_000) == {"a": (Count(12, 78), None)}
+
+
+def test_a_failing_function_leaves_nothing_and_names_the_key(store):
+    def fn(key, rows, state):
+        if key == "bad":
+            raise ValueError("bug for bad")
+        yield from running_count(key, rows, state)
+
+    worker = Worker(spec_for(store, fn, GroupStateTimeout.NO_TIMEOUT))
+    worker.run(BatchParams(1000, None, 1, None), [("good", 1)])
+    with pytest.raises(TaskFailure) as failure:
+        worker.run(BatchParams(2000, 1000, 1, None), [("good", 1), ("bad", 1)])
+    error = error_from_task(failure.value)
+    assert (error.kind, error.key_repr, error.batch_time) == (ErrorKind.RAISED, "'bad'", 2000)
+    assert "ValueError: bug for bad" in error.python_traceback and "in fn" in error.python_traceback
+    assert len(worker.cache) == 0  # the partition is dropped: no half-applied batch survives
+    assert 2000 not in store.list_versions(0, 0)
+    out, _ = worker.run(BatchParams(2000, 1000, 1, None), [("good", 1)])
+    assert out == [("good", 2)]
+
+
+def test_event_time_rows_behind_the_watermark_are_dropped_and_counted():
+    store = MemoryStateStore("op")
+    spec = OperatorSpec(store, 0, ("key",), KEYS, STATE, RowSchema.of("key string, count long"), running_count,
+                        True, GroupStateTimeout.NO_TIMEOUT, event_time_column="ts")
+    assert RowSchema.of(StructType([StructField("key", StringType()), StructField("value", LongType()),
+                                    StructField("ts", TimestampType())])).arrow == INPUT  # what Spark sends
+    times = pa.array([5_000_000, 9_000_000]).cast(INPUT.field("ts").type)  # 5 s and 9 s, in microseconds
+    batch = pa.RecordBatch.from_arrays([pa.array(["a", "a"]), pa.array([1, 1]), times], schema=INPUT)
+    reported = []
+    out = list(run_partition(spec, BatchParams(1000, None, 1, 6_000), [batch], 0, reported.append,
+                             cache=PartitionCache()))
+    assert out[0].to_pylist() == [{"key": "a", "count": 1}]
+    assert (reported[0].late_rows, reported[0].max_event_time_ms) == (1, 9_000)
