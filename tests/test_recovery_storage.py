@@ -1,13 +1,9 @@
 """Write-ahead log recovery for receivers, and checkpoints on a real S3-compatible endpoint."""
 
-import socket
 import threading
 import time
 
-import boto3
-import pytest
 import s3fs
-from moto.server import ThreadedMotoServer
 
 from batchline import Receiver, StreamingContext
 from batchline.clock import ManualClock
@@ -91,19 +87,6 @@ def test_received_blocks_survive_a_crash_whether_or_not_a_batch_had_taken_them(s
     assert sink2.batches == {12_000: [{"value": v} for v in "fghij"], 13_000: [{"value": v} for v in "klmno"]}
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    options = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="batchline-test")
-    yield options
-    server.stop()
 
 
 def test_checkpoints_round_trip_through_an_s3_endpoint(spark, s3_endpoint):

@@ -3,13 +3,10 @@
 
 import itertools
 import pickle
-import socket
 from dataclasses import dataclass
 
-import boto3
 import pyarrow as pa
 import pytest
-from moto.server import ThreadedMotoServer
 from pyspark import cloudpickle
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
@@ -56,19 +53,6 @@ class Count:
 STATE = RowSchema.of(Count)
 
 
-@pytest.fixture(scope="module")
-def s3_endpoint():
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    options = {"key": "testing", "secret": "testing",
-               "client_kwargs": {"endpoint_url": f"http://127.0.0.1:{port}", "region_name": "us-east-1"}}
-    boto3.client("s3", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
-                 aws_access_key_id="testing", aws_secret_access_key="testing").create_bucket(Bucket="batchline-test")
-    yield options
-    server.stop()
 
 
 @pytest.fixture(params=["memory", "file-local", "file-s3"])

@@ -4,15 +4,23 @@ Commits never depend on rename or on listing after write: data goes into immutab
 uniquely named files, and the one small file that names them (a manifest, a lease) is
 replaced in one step: ``os.replace`` after an fsync on local disks, a single PUT on object
 stores, where a PUT is atomic.
+
+Files written once (batch log entries, commit markers, output commit records) are created
+exclusively, so a second writer of the same name gets ``FileExistsError``: ``open(..., "xb")``
+on local disks, a conditional PUT (``If-None-Match: *``) on S3. On a store with no known
+conditional create the write is a plain one, and a WARNING says so once per location.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
 import os
 import tempfile
+import threading
+import time
 import uuid
 from typing import Any
 
@@ -21,7 +29,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from batchline.errors import BatchlineError
 
-__all__ = ["CheckpointStorage", "CorruptFileError", "RawJson", "seal", "unseal"]
+__all__ = ["CheckpointStorage", "CorruptFileError", "RawJson", "fsync_path", "seal", "unseal"]
 
 logger = logging.getLogger(__name__)
 
@@ -76,10 +84,48 @@ def unseal(data: bytes, what: str) -> dict[str, Any]:
         raise CorruptFileError(f"{what} is not valid JSON ({error})") from error
 
 
-class CheckpointStorage:
-    """Files under one root URL; paths given to methods are relative to it."""
+# How often a conditional PUT that S3 answered with 409 ConditionalRequestConflict (another
+# write of the same name in flight) is tried again before the conflict is raised.
+_CONFLICT_ATTEMPTS = 5
+_warned_locations: set[str] = set()
+_warned_lock = threading.Lock()
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None) -> None:
+
+def _conditional_create(fs: Any) -> str | None:
+    """How a file system creates a file only if it does not exist yet; None when not known."""
+    if isinstance(fs, LocalFileSystem):
+        return "local"
+    cls = type(fs)
+    if cls.__module__.split(".", 1)[0] == "s3fs" and cls.__name__ == "S3FileSystem":
+        return "s3"  # put_object / complete_multipart_upload with IfNoneMatch="*"
+    if cls.__module__ == "fsspec.implementations.memory":
+        return "memory"  # one process's dictionary: open(..., "xb")
+    return None
+
+
+def _s3_error_code(error: BaseException) -> str | None:
+    """The S3 error code behind an error s3fs translated (it keeps the ClientError as cause)."""
+    cause: BaseException | None = error
+    while cause is not None:
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            code = response.get("Error", {}).get("Code")
+            return str(code) if code is not None else None
+        cause = cause.__cause__
+    return None
+
+
+class CheckpointStorage:
+    """Files under one root URL; paths given to methods are relative to it.
+
+    ``exclusive_creates`` says whether :meth:`write_new` refuses a name that exists (local
+    disks, S3, fsspec's memory file system); elsewhere it overwrites, and fencing a stale
+    driver then relies on the lease alone.
+    """
+
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, warn: bool = True) -> None:
+        """``warn=False`` leaves out the WARNING about a store without exclusive creates (the
+        copies shipped to executors, whose driver has said it already)."""
         if "://" not in url:
             url = os.path.abspath(url)
         self.url = url.rstrip("/")
@@ -87,10 +133,30 @@ class CheckpointStorage:
         self.fs, self.root = fsspec.core.url_to_fs(self.url, **self.storage_options)
         self.root = self.root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
+        self._create_kind = _conditional_create(self.fs)
+        self.exclusive_creates: bool = self._create_kind is not None
+        if warn and not self.exclusive_creates:
+            self._warn_no_exclusive_creates()
+
+    @property
+    def protocol(self) -> str:
+        return self.url.split("://", 1)[0] if "://" in self.url else "file"
+
+    def _warn_no_exclusive_creates(self) -> None:
+        with _warned_lock:
+            if self.url in _warned_locations:
+                return
+            _warned_locations.add(self.url)
+        logger.warning(
+            "Storage %s (protocol %r) has no known exclusive create: a file that must be written once (batch log "
+            "entry, commit marker, output commit record) is overwritten by a second writer instead of refused, so "
+            "fencing of a stale driver relies on the lease alone. Run exactly one driver per location, or use a "
+            "local path or s3:// for exclusive creates", self.url, self.protocol)
 
     def __reduce__(self) -> tuple[Any, ...]:
-        # Shipped to executors by URL and options; each process opens its own file system.
-        return (CheckpointStorage, (self.url, self.storage_options))
+        # Shipped to executors by URL and options; each process opens its own file system
+        # (without repeating the driver's warning).
+        return (functools.partial(CheckpointStorage, warn=False), (self.url, self.storage_options))
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}"
@@ -116,18 +182,42 @@ class CheckpointStorage:
         return unseal(self.read(relative), self.full_url(relative))
 
     def write_new(self, relative: str, data: bytes) -> None:
-        """Write a new, never rewritten file; on local disk it is created exclusively (a file
-        that exists already raises FileExistsError) and fsynced before returning."""
+        """Write a new, never rewritten file, created exclusively where the store can (see
+        ``exclusive_creates``): a name that exists already raises FileExistsError and keeps its
+        content. On a local disk the file is fsynced before returning; on S3 it is one
+        conditional PUT (``If-None-Match: *``), whole or not at all."""
         path = self.path(relative)
-        if self.is_local:
+        if self._create_kind == "local":
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "xb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            _fsync_dir(os.path.dirname(path))
+            fsync_path(os.path.dirname(path))
+        elif self._create_kind == "s3":
+            self._put_if_absent(relative, data)
+        elif self._create_kind == "memory":
+            self.fs.pipe_file(path, data, mode="create")
         else:
             self.fs.pipe_file(path, data)
+
+    def _put_if_absent(self, relative: str, data: bytes) -> None:
+        path = self.path(relative)
+        for attempt in range(1, _CONFLICT_ATTEMPTS + 1):
+            try:
+                self.fs.pipe_file(path, data, mode="create")
+                return
+            except FileExistsError:
+                raise
+            except OSError as error:
+                code = _s3_error_code(error)
+                if code in ("PreconditionFailed", "412"):
+                    # s3fs names this FileExistsError only when the answer names the condition.
+                    raise FileExistsError(f"{self.full_url(relative)} exists already") from error
+                if code not in ("ConditionalRequestConflict", "409") or attempt == _CONFLICT_ATTEMPTS:
+                    raise
+                logger.debug("Conditional PUT of %s conflicted with another write; trying again", path)
+                time.sleep(0.05 * attempt)
 
     def replace(self, relative: str, data: bytes) -> None:
         """Replace a small file in one step: readers see the old or the new content, whole."""
@@ -148,7 +238,7 @@ class CheckpointStorage:
             if os.path.exists(temp):
                 os.unlink(temp)
             raise
-        _fsync_dir(directory)
+        fsync_path(directory)
 
     def delete(self, relative: str, recursive: bool = False) -> None:
         try:
@@ -166,8 +256,9 @@ class CheckpointStorage:
         return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
 
 
-def _fsync_dir(directory: str) -> None:
-    fd = os.open(directory, os.O_RDONLY)
+def fsync_path(path: str) -> None:
+    """Flush a local file's data, or a directory's entries, to disk."""
+    fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:

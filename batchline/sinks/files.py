@@ -1,22 +1,52 @@
-"""Batches as files that a plain directory reader can trust (SPEC C2).
+"""Batches as files that a plain directory reader can trust, on local disks and object stores (SPEC C2).
 
-Spark's own file writer leaves ``_SUCCESS`` markers, ``.crc`` files and zero-byte part
-files, and its part files appear one by one. Readers such as pyarrow, pandas and DuckDB
-ignore names starting with ``_`` or ``.``, so each batch is written under a hidden staging
-directory and then moved into place whole.
+Spark's own file writer cannot reach ``s3://`` without Hadoop's S3 connector (pip's PySpark
+has none), leaves ``_SUCCESS`` markers, ``.crc`` files and zero-byte part files, and its part
+files appear one by one. So the sink writes the files itself, in three stages:
+
+- Spark tasks write their partition's rows with pyarrow through fsspec to
+  ``<path>/_staging/<batch_time>/<attempt>/part-<partition>.<ext>`` (an empty partition
+  writes nothing) and hand the driver each file's name and row count.
+- The driver writes a commit record, ``<path>/_batchline/commits/<batch_time>.json``, naming
+  the files. It is created exclusively (:meth:`CheckpointStorage.write_new`): from then on the
+  batch is committed, and only this record's files are ever published for it.
+- The files are published to ``<path>/batch_time=<batch_time>/``: on a local disk by one
+  rename of the whole directory, so readers see the batch whole; on an object store by a
+  server-side copy per file, each of which appears whole. Then the staging is deleted.
+
+Readers such as pyarrow, pandas and DuckDB skip names starting with ``_`` or ``.``, so the
+staging and the records are invisible to them, and a visible file is always complete.
+
+Writing a batch again (the engine re-runs a batch with the same data after a crash) looks
+for the record first: with a record, what is missing is published from the staging and
+nothing is computed or written anew; without one, nothing of the batch was published yet,
+so it is written from scratch and leftovers of the crashed attempt are discarded. Each
+batch ends up complete, exactly once.
 """
 
 from __future__ import annotations
 
+import base64
+import contextlib
+import json
 import logging
 import os
+import signal
+import tempfile
 import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, date, datetime, time
+from decimal import Decimal
+from itertools import chain
 from typing import Any
 
 import fsspec
+import pyarrow as pa
+from fsspec.implementations.local import LocalFileSystem
 from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, fsync_path, seal
 from batchline.errors import ConfigurationError, SinkError
 
 __all__ = ["FileSink", "FILE_SINK_FORMATS"]
@@ -25,74 +55,353 @@ logger = logging.getLogger(__name__)
 
 FILE_SINK_FORMATS = ("parquet", "json")
 STAGING_DIR = "_staging"
+COMMITS_DIR = "_batchline/commits"
+PARQUET_COMPRESSIONS = ("snappy", "gzip", "zstd", "brotli", "lz4", "none")
+# Test hook for the crash tests (one variable, read in _test_kill_point only): the commit
+# SIGKILLs its own process at the named point, "before-record" or "after-record:<files published>".
+TEST_KILL_VARIABLE = "BATCHLINE_TEST_KILL_AT"
+
+_STAGED = pa.schema([("file", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64())])
+_STAGED_DDL = "file string, rows long, bytes long"
 
 
 class FileSink:
-    """Writes batch ``t`` to ``<path>/batch_time=<t>/`` (a Hive-style partition readers understand)."""
+    """Writes batch ``t`` to ``<path>/batch_time=<t>/`` (a Hive-style partition readers understand),
+    on a local path or any fsspec URL (``storage_options`` for its file system)."""
 
-    def __init__(self, path: str, format: str = "parquet", options: dict[str, Any] | None = None) -> None:
+    def __init__(self, path: str, format: str = "parquet", options: dict[str, Any] | None = None,
+                 storage_options: dict[str, Any] | None = None) -> None:
         if format not in FILE_SINK_FORMATS:
             raise ConfigurationError(
                 f"file output format {format!r} is not supported; use one of {', '.join(FILE_SINK_FORMATS)}"
             )
         self.format = format
-        self.options = dict(options or {})
+        self.options = _checked_options(format, dict(options or {}))
         if "://" not in path:
             path = os.path.abspath(path)
         self.path = path.rstrip("/")
-        self._fs, self._root = fsspec.core.url_to_fs(self.path)
+        self.storage_options = dict(storage_options or {})
+        self._storage = CheckpointStorage(self.path, self.storage_options)
 
     def write(self, df: DataFrame, batch_time: BatchTime) -> None:
-        """Commit one batch.
+        """Commit one batch, exactly once across crashes and restarts.
 
-        Step 1: a batch already in place was committed before; leave it.
-        Step 2: write the batch with Spark into a fresh staging directory.
-        Step 3: drop Spark's markers, checksums and files that hold no rows.
-        Step 4: move the staging directory into place in one rename (nothing left: nothing to move).
+        Step 1: a commit record of this batch exists: it was committed before; publish what is
+                missing of it (Step 5) and clean up (Step 6), without computing or writing it again.
+        Step 2: the tasks write their partitions' rows to a fresh staging directory.
+        Step 3: no rows: nothing to commit (no directory at all); a batch directory without a
+                record was written by an earlier release of this sink: leave it.
+        Step 4: write the commit record naming the staged files, exclusively: the batch is committed.
+        Step 5: publish the files to batch_time=<t>/: one rename on a local disk, else a copy per
+                file that is not in place yet.
+        Step 6: delete the batch's staging (with any leftovers of crashed attempts).
         """
-        target = f"{self._root}/batch_time={int(batch_time)}"
+        time_ms = int(batch_time)
         # Step 1
-        if self._fs.exists(target):
-            logger.info("Batch %s is already in %s; not writing it again", batch_time, target)
+        record = self._read_record(time_ms)
+        if record is not None:
+            logger.info("Batch %s was committed to %s before; completing it without writing it again",
+                        batch_time, self.path)
+            try:
+                self._publish(time_ms, record, fresh=False)
+                self._drop_staging(time_ms)
+            except OSError as error:
+                raise SinkError(
+                    f"completing batch {batch_time} in {self.path} failed: {error}. Start the pipeline again to "
+                    "complete it; the batch is committed and is not written twice") from error
             return
         # Step 2
-        staging_name = f"{STAGING_DIR}/{int(batch_time)}-{uuid.uuid4().hex}"
-        staging = f"{self._root}/{staging_name}"
+        staged_dir = f"{STAGING_DIR}/{time_ms}/{uuid.uuid4().hex[:16]}"
+        task = _partition_writer(self.path, self.storage_options, staged_dir, self.format, self.options)
         try:
-            df.write.format(self.format).options(**self.options).mode("errorifexists").save(
-                f"{self.path}/{staging_name}"
-            )
+            staged = sorted(df.mapInArrow(task, _STAGED_DDL).collect(), key=lambda row: row["file"])
         except Exception as error:
-            self._remove(staging)
-            raise SinkError(f"writing batch {batch_time} to {self.path} failed: {error}") from error
+            with contextlib.suppress(OSError):
+                self._storage.delete(staged_dir, recursive=True)
+            raise SinkError(
+                f"writing batch {batch_time} to {self.path} failed: {error}. Nothing of the batch is visible; "
+                "fix the cause and start the pipeline again, which writes the batch anew"
+            ) from error
         # Step 3
-        kept = self._keep_only_rows(staging)
+        if not staged:
+            self._drop_staging(time_ms)
+            return
+        if self._storage.exists(_target(time_ms)):
+            logger.warning("%s/%s exists without a commit record (written by an earlier release of batchline); "
+                           "leaving it as it is", self.path, _target(time_ms))
+            self._drop_staging(time_ms)
+            return
         # Step 4
-        if kept:
-            self._fs.mv(staging, target, recursive=True)
-            logger.debug("Committed batch %s to %s (%d files)", batch_time, target, kept)
-        self._remove(staging)
+        record = {"batch_time": time_ms, "format": self.format, "staging": staged_dir,
+                  "files": [{"file": row["file"], "rows": row["rows"], "bytes": row["bytes"]} for row in staged]}
+        _test_kill_point("before-record")
+        try:
+            if self._storage.is_local:  # the staged directory's own entry must outlive a power loss, too
+                for parent in (f"{STAGING_DIR}/{time_ms}", STAGING_DIR):
+                    fsync_path(self._storage.path(parent))
+            self._commit(time_ms, record)
+        except OSError as error:
+            raise SinkError(
+                f"committing batch {batch_time} to {self.path} failed: {error}. Start the pipeline again: it "
+                "completes the batch if its commit record was written, else writes the batch anew"
+            ) from error
 
-    def _keep_only_rows(self, staging: str) -> int:
-        kept = 0
-        for name, info in self._fs.find(staging, detail=True).items():
-            base = name.rsplit("/", 1)[-1]
-            if base.startswith(("_", ".")) or not self._has_rows(name, info):
-                self._fs.rm(name)
+    def _commit(self, time_ms: int, record: dict[str, Any]) -> None:
+        fresh = True
+        try:
+            self._storage.write_new(_record_name(time_ms), seal(record))
+        except FileExistsError:
+            logger.warning("Batch %d was committed to %s by another writer meanwhile; completing its commit and "
+                           "discarding this one", time_ms, self.path)
+            self._storage.delete(record["staging"], recursive=True)
+            found = self._read_record(time_ms)
+            if found is None:
+                raise SinkError(
+                    f"the commit record {self._storage.full_url(_record_name(time_ms))} of batch {time_ms} "
+                    "appeared while this driver committed the batch, then vanished. Make sure one driver runs "
+                    "per output path, then start the pipeline again") from None
+            record, fresh = found, False
+        # Step 5
+        self._publish(time_ms, record, fresh=fresh)
+        # Step 6
+        self._drop_staging(time_ms)
+
+    def _read_record(self, time_ms: int) -> dict[str, Any] | None:
+        name = _record_name(time_ms)
+        if not self._storage.exists(name):
+            return None
+        try:
+            return self._storage.read_sealed(name)
+        except CorruptFileError as error:
+            # Torn while being written (local disk): publishing had not begun, so the batch is written anew.
+            logger.warning("Ignoring the torn commit record of batch %d (%s); writing the batch again", time_ms, error)
+            self._storage.delete(name)
+            return None
+
+    def _publish(self, time_ms: int, record: dict[str, Any], fresh: bool) -> None:
+        staged_dir, files = record["staging"], [entry["file"] for entry in record["files"]]
+        target = _target(time_ms)
+        if self._storage.is_local:
+            source, destination = self._storage.path(staged_dir), self._storage.path(target)
+            if not fresh and os.path.isdir(destination):
+                return  # renamed before, whole
+            if not os.path.isdir(source):
+                raise self._lost(time_ms, staged_dir, target)
+            _test_kill_point("after-record:0")
+            os.rename(source, destination)
+            fsync_path(os.path.dirname(destination))
+            _test_kill_point(f"after-record:{len(files)}")
+            logger.debug("Committed batch %d to %s (%d files)", time_ms, destination, len(files))
+            return
+        in_place = set() if fresh else set(self._storage.list_names(target))
+        published = 0
+        _test_kill_point("after-record:0")
+        for name in files:
+            if name not in in_place:
+                try:
+                    self._storage.fs.cp_file(self._storage.path(f"{staged_dir}/{name}"),
+                                             self._storage.path(f"{target}/{name}"))
+                except FileNotFoundError as error:
+                    if self._storage.exists(f"{target}/{name}"):
+                        continue  # another run of this batch copied it and dropped the staging meanwhile
+                    raise self._lost(time_ms, staged_dir, target) from error
+                published += 1
+                _test_kill_point(f"after-record:{published}")
+        logger.debug("Committed batch %d to %s/%s (%d files, %d copied now)", time_ms, self.path, target,
+                     len(files), published)
+
+    def _lost(self, time_ms: int, staged_dir: str, target: str) -> SinkError:
+        record = self._storage.full_url(_record_name(time_ms))
+        return SinkError(
+            f"batch {time_ms} is committed ({record}) but its staged files under {self._storage.full_url(staged_dir)} "
+            f"are gone, so {self._storage.full_url(target)} cannot be completed. Restore them, or delete {record} "
+            f"and {self._storage.full_url(target)} so that the next run writes the batch again"
+        )
+
+    def _drop_staging(self, time_ms: int) -> None:
+        self._storage.delete(f"{STAGING_DIR}/{time_ms}", recursive=True)
+
+
+def _record_name(time_ms: int) -> str:
+    return f"{COMMITS_DIR}/{time_ms:015d}.json"
+
+
+def _target(time_ms: int) -> str:
+    return f"batch_time={time_ms}"
+
+
+def _checked_options(format: str, options: dict[str, Any]) -> dict[str, Any]:
+    supported = {"parquet": ("compression",), "json": ()}[format]
+    for key in options:
+        if key not in supported:
+            raise ConfigurationError(
+                f"file output option {key!r} is not supported for {format}; "
+                + (f"use one of {', '.join(supported)}" if supported else "leave it out")
+            )
+    compression = str(options.get("compression", "snappy")).lower()
+    if format == "parquet" and compression not in PARQUET_COMPRESSIONS:
+        raise ConfigurationError(
+            f"parquet compression {compression!r} is not supported; use one of {', '.join(PARQUET_COMPRESSIONS)}"
+        )
+    return {"compression": compression} if format == "parquet" else {}
+
+
+def _test_kill_point(point: str) -> None:
+    """Test hook: ``BATCHLINE_TEST_KILL_AT=<point>`` kills this process (SIGKILL) at that point."""
+    if os.environ.get(TEST_KILL_VARIABLE) == point:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------ in the tasks
+def _partition_writer(url: str, storage_options: dict[str, Any], staged_dir: str, format: str,
+                      options: dict[str, Any]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each Spark task runs: its partition's rows to one staged file (none when
+    empty); yields the file's name, rows and bytes. The file system is opened in the task."""
+
+    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        from pyspark import TaskContext
+
+        rows = (batch for batch in batches if batch.num_rows)
+        first = next(rows, None)
+        if first is None:
+            return
+        context = TaskContext.get()
+        name = f"part-{context.partitionId() if context else 0:05d}.{format}"
+        fs, root = fsspec.core.url_to_fs(url, **storage_options)
+        directory = f"{root.rstrip('/')}/{staged_dir}"
+        local = isinstance(fs, LocalFileSystem)
+        if local:  # next to the staging directory, so that one rename puts it in place
+            os.makedirs(directory, exist_ok=True)
+            fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=os.path.dirname(directory))
+        else:
+            fd, temp = tempfile.mkstemp(prefix="batchline-", suffix=f"-{name}")
+        os.close(fd)
+        try:
+            if format == "parquet":
+                count = _write_parquet(first, rows, temp, options)
             else:
-                kept += 1
-        return kept
+                count = _write_json(first, rows, temp)
+            size = os.path.getsize(temp)
+            if local:
+                fsync_path(temp)
+                os.replace(temp, f"{directory}/{name}")
+                fsync_path(directory)
+            else:
+                fs.put_file(temp, f"{directory}/{name}")  # one PUT or multipart upload: whole or absent
+        finally:
+            if os.path.exists(temp):
+                os.unlink(temp)
+        yield pa.RecordBatch.from_pylist([{"file": name, "rows": count, "bytes": size}], schema=_STAGED)
 
-    def _has_rows(self, name: str, info: dict[str, Any]) -> bool:
-        if not info.get("size"):
-            return False
-        if self.format == "parquet":
-            import pyarrow.parquet as pq
+    return write_partition
 
-            with self._fs.open(name, "rb") as handle:
-                return pq.ParquetFile(handle).metadata.num_rows > 0
-        return True
 
-    def _remove(self, path: str) -> None:
-        if self._fs.exists(path):
-            self._fs.rm(path, recursive=True)
+def _write_parquet(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], path: str, options: dict[str, Any]) -> int:
+    import pyarrow.parquet as pq
+
+    count = 0
+    with pq.ParquetWriter(path, first.schema, compression=options.get("compression", "snappy")) as writer:
+        for batch in chain([first], rest):
+            writer.write_batch(batch)
+            count += batch.num_rows
+    return count
+
+
+def _write_json(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], path: str) -> int:
+    """JSON lines: one object per row, nested values as objects and arrays, timestamps in ISO-8601
+    (``Z`` for instants), dates ISO, decimals as exact numbers, binary as base64."""
+    convert = _converter(pa.struct(list(first.schema))) or (lambda row: row)
+    count = 0
+    with open(path, "w", encoding="utf-8") as handle:
+        for batch in chain([first], rest):
+            for row in batch.to_pylist():
+                handle.write(_dumps(convert(row)))
+                handle.write("\n")
+            count += batch.num_rows
+    return count
+
+
+Convert = Callable[[Any], Any]
+
+
+class _Number:
+    """A decimal to appear in JSON as the exact number it is (json.dumps knows no Decimal)."""
+
+    __slots__ = ("text",)
+
+    def __init__(self, value: Decimal) -> None:
+        self.text = str(value)
+
+
+_TOKEN = uuid.uuid4().hex
+
+
+def _dumps(value: Any) -> str:
+    numbers: list[str] = []
+
+    def default(item: object) -> object:
+        if isinstance(item, _Number):
+            numbers.append(item.text)
+            return f"{_TOKEN}-{len(numbers) - 1}"
+        return str(item)  # e.g. a day-time interval
+
+    text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), default=default)
+    for index, number in enumerate(numbers):
+        text = text.replace(f'"{_TOKEN}-{index}"', number, 1)
+    return text
+
+
+def _instant(value: datetime) -> str:
+    utc = value.astimezone(UTC).replace(tzinfo=None)
+    return utc.isoformat(timespec="microseconds" if utc.microsecond % 1000 else "milliseconds") + "Z"
+
+
+def _local_time(value: datetime) -> str:
+    return value.isoformat(timespec="microseconds" if value.microsecond % 1000 else "milliseconds")
+
+
+def _iso(value: date | time) -> str:
+    return value.isoformat()
+
+
+def _base64(value: bytes) -> str:
+    return base64.b64encode(value).decode("ascii")
+
+
+def _key(value: Any) -> Any:
+    return value if isinstance(value, str | int | float | bool) else _dumps(value)
+
+
+def _converter(arrow_type: pa.DataType) -> Convert | None:
+    """A function turning a value of this Arrow type (as ``to_pylist`` gives it) into what
+    json.dumps writes as intended; None when it writes the value as it is."""
+    types = pa.types
+    convert: Convert | None = None
+    if types.is_timestamp(arrow_type):
+        convert = _instant if arrow_type.tz is not None else _local_time
+    elif types.is_date(arrow_type) or types.is_time(arrow_type):
+        convert = _iso
+    elif types.is_decimal(arrow_type):
+        convert = _Number
+    elif types.is_binary(arrow_type) or types.is_large_binary(arrow_type) or types.is_fixed_size_binary(arrow_type):
+        convert = _base64
+    elif types.is_map(arrow_type):
+        keys = _converter(arrow_type.key_type) or _identity
+        items = _converter(arrow_type.item_type) or _identity
+        convert = lambda pairs: {_key(keys(k)): items(v) for k, v in pairs}  # noqa: E731
+    elif types.is_list(arrow_type) or types.is_large_list(arrow_type) or types.is_fixed_size_list(arrow_type):
+        element = _converter(arrow_type.value_type)
+        if element is not None:
+            convert = lambda values: [element(v) for v in values]  # noqa: E731
+    elif types.is_struct(arrow_type):
+        fields = [(field.name, _converter(field.type)) for field in arrow_type]
+        if any(c is not None for _, c in fields):
+            convert = lambda row: {n: (c(row[n]) if c else row[n]) for n, c in fields}  # noqa: E731
+    if convert is None:
+        return None
+    inner = convert
+    return lambda value: None if value is None else inner(value)
+
+
+def _identity(value: Any) -> Any:
+    return value
