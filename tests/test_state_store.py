@@ -1,6 +1,7 @@
 """The state store interface (SPEC D4) against every implementation, and the per-key path
 ``run_partition`` driven without Spark over each of them."""
 
+import dataclasses
 import itertools
 import pickle
 from dataclasses import dataclass
@@ -115,7 +116,7 @@ def test_versions_are_written_listed_and_read_with_their_headers(store):
 
 
 def test_a_header_must_say_what_it_is():
-    with pytest.raises(StateStoreError, match="'delta' or a 'snapshot'"):
+    with pytest.raises(StateStoreError, match="one of \\('delta', 'snapshot', 'output'\\), not 'full'"):
         FileHeader(1, 0, "full")
     with pytest.raises(StateStoreError, match="epoch ms"):
         FileHeader(-1, 0, DELTA)
@@ -387,3 +388,37 @@ def test_event_time_rows_behind_the_watermark_are_dropped_and_counted():
                              cache=PartitionCache()))
     assert out[0].to_pylist() == [{"key": "a", "count": 1}]
     assert (reported[0].late_rows, reported[0].max_event_time_ms) == (1, 9_000)
+
+
+def test_a_finished_partition_is_kept_its_output_read_back_and_a_fenced_driver_records_nothing(store, tmp_path):
+    """SPEC F2 on every store: a task records its finish after its delta and output are stored;
+    running the batch again (a restarted driver, a retried task) calls no function."""
+    from batchline.checkpoint.events import JobEventStore
+    from batchline.checkpoint.lease import FencedError, Lease
+    from batchline.checkpoint.storage import CheckpointStorage
+    from batchline.clock import ManualClock
+
+    location = CheckpointStorage(str(tmp_path / "checkpoint"))
+    token = Lease(location, ManualClock(0), 15_000).acquire()
+    journal = JobEventStore(location, 1000)
+    calls = []
+
+    def counted(key, rows, state):
+        calls.append(key)
+        yield from running_count(key, rows, state)
+
+    spec = dataclasses.replace(spec_for(store, counted, GroupStateTimeout.NO_TIMEOUT), journal=journal)
+    first_out, first_stats = Worker(spec).run(BatchParams(1000, None, token, None), [("a", 1), ("b", 2)], 3)
+    record = journal.finished(1000, spec.operator, 0, 3)
+    assert record is not None and record.output_rows == 2 and record.token == token
+    assert calls == ["a", "b"]
+
+    again_out, again_stats = Worker(spec).run(BatchParams(1000, None, token, None), [("a", 1), ("b", 2)], 3)
+    assert (again_out, again_stats) == (first_out, first_stats) and calls == ["a", "b"]  # read back, not re-run
+
+    whole_out, _ = Worker(spec).run(BatchParams(1000, None, token, None, keep_finished=False), [("a", 1)], 3)
+    assert whole_out == [("a", 1)] and calls == ["a", "b", "a"]  # an input that cannot replay: runs again
+
+    with pytest.raises(FencedError, match="lost its lease"):
+        Worker(spec).run(BatchParams(2000, 1000, token - 1, None), [("a", 1)], 3)
+    assert journal.finished(2000, spec.operator, 0, 3) is None

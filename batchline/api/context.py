@@ -366,4 +366,4 @@ def _checkpoint_settings(
     if keep < 1:
         raise ConfigurationError(f"keep_checkpoints must be at least 1; got {keep}")
     return CheckpointSettings(location, interval_ms, keep, parse_duration_ms(lease_ttl, "lease ttl"),
-                              dict(storage_options or {}))
+                              dict(storage_options or {}), batch_interval_ms)

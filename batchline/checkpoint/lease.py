@@ -21,7 +21,7 @@ from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, se
 from batchline.clock import Clock
 from batchline.errors import BatchlineError
 
-__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError"]
+__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError", "check_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -158,3 +158,15 @@ class Lease:
                     return
                 except OSError as error:
                     logger.warning("Could not renew the checkpoint lease (%s); retrying", error)
+
+
+def check_token(storage: CheckpointStorage, token: int, what: str) -> None:
+    """Raise FencedError unless the location's lease still carries ``token``: what a task checks
+    before it records work done for its driver (a driver taken over must not record any)."""
+    current = LeaseRecord(**unseal(storage.read(LEASE_FILE), LEASE_FILE)) if storage.exists(LEASE_FILE) else None
+    if current is None or current.token != token:
+        raise FencedError(
+            f"{what}: the driver with lease token {token} lost its lease on {storage.url} (now "
+            f"{current.describe() if current else 'no holder'}); its work is not recorded. The current driver "
+            "runs the batch again"
+        )

@@ -6,7 +6,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchline.checkpoint.batch_log import BatchLog
+from batchline.checkpoint.events import JobEventStore
 from batchline.checkpoint.lease import Lease
 from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.storage import CheckpointStorage
@@ -34,6 +34,8 @@ class CheckpointSettings:
     keep: int = DEFAULT_KEEP
     lease_ttl_ms: int = 15_000
     storage_options: dict[str, Any] = field(default_factory=dict)
+    batch_interval_ms: int | None = None
+    """Lets the job event store tell a torn record at the tail from corruption before it."""
 
 
 class CheckpointManager:
@@ -41,7 +43,7 @@ class CheckpointManager:
         self.settings = settings
         self.storage = CheckpointStorage(settings.location, settings.storage_options)
         self.lease = Lease(self.storage, clock, settings.lease_ttl_ms)
-        self.batch_log = BatchLog(self.storage)
+        self.events = JobEventStore(self.storage, settings.batch_interval_ms)
         self._clock = clock
         self.writer: CheckpointWriter | None = None
 
@@ -64,11 +66,11 @@ class CheckpointManager:
 
     def log_batch(self, batch_time: int, allocations: dict[str, dict[str, Any]]) -> None:
         self.lease.check()
-        self.batch_log.write_batch(batch_time, allocations, self.lease.token)
+        self.events.batch_started(batch_time, allocations, self.lease.token)
 
     def commit_batch(self, batch_time: int, operators: dict[str, Any] | None = None) -> None:
         self.lease.check()
-        self.batch_log.commit(batch_time, self.lease.token, operators)
+        self.events.batch_completed(batch_time, self.lease.token, operators)
 
     def close(self) -> None:
         if self.writer is not None:

@@ -7,7 +7,7 @@ import json
 from typing import Any
 
 from batchline.batch_time import format_batch_time
-from batchline.checkpoint.batch_log import BatchLog
+from batchline.checkpoint.events import JobEventStore
 from batchline.checkpoint.lease import Lease
 from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError
@@ -56,11 +56,11 @@ def _inspect(args: argparse.Namespace) -> int:
     if checkpoint is None:
         print(f"No valid checkpoint in {storage.url}.")
         return 1
-    log = BatchLog(storage)
+    events = JobEventStore(storage, checkpoint.batch_interval_ms)
     after: list[dict[str, Any]] = []
     t = checkpoint.time + checkpoint.batch_interval_ms
-    while (allocations := log.read_batch(t)) is not None:
-        after.append({"time": t, "committed": log.is_committed(t), "allocations": allocations})
+    while (allocations := events.started(t)) is not None:
+        after.append({"time": t, "committed": events.is_completed(t), "allocations": allocations})
         t += checkpoint.batch_interval_ms
     report = {"checkpoint": checkpoint.to_json(), "batches_logged_after_it": after}
     print(json.dumps(report, indent=2, default=str))

@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchline.batch_time import format_batch_time
 from batchline.checkpoint.manager import CheckpointManager
 from batchline.checkpoint.model import Checkpoint
 from batchline.errors import ConfigurationError
@@ -47,27 +48,27 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
             f"{checkpoint.batch_interval_ms} ms, but this pipeline uses {batch_interval_ms} ms; "
             "keep the interval, or start from a new checkpoint location"
         )
-    batch_log = checkpoints.batch_log
+    events = checkpoints.events
     interval = batch_interval_ms
     pipeline.start(checkpoint.zero_time)
     pipeline.restore(checkpoint.inputs)
-    restored: set[int] = set()
+    restored: dict[int, dict[str, dict[str, Any]]] = {}
     # The checkpoint's pending batches and the batches a window may still need get their
     # logged allocations back, without advancing the sources: the checkpointed position
     # already includes them.
     window_start = max(checkpoint.zero_time + interval,
                        checkpoint.time - pipeline.max_input_remember_ms + interval)
     for past in sorted(set(checkpoint.pending_times) | set(range(window_start, checkpoint.time + 1, interval))):
-        allocations = batch_log.read_batch(past)
+        allocations = events.started(past)
         if allocations is not None:
             pipeline.restore_allocations(past, allocations, advance=False)
-            restored.add(past)
+            restored[past] = allocations
     # Batches logged after the checkpoint: advance the sources past them.
     last_logged = checkpoint.time
-    while (allocations := batch_log.read_batch(last_logged + interval)) is not None:
+    while (allocations := events.started(last_logged + interval)) is not None:
         last_logged += interval
         pipeline.restore_allocations(last_logged, allocations, advance=True)
-        restored.add(last_logged)
+        restored[last_logged] = allocations
     pipeline.recover_after_restart()
     pipeline.restore_progress(_last_committed_progress(checkpoints, checkpoint, last_logged, interval,
                                                        pipeline.max_input_remember_ms))
@@ -76,11 +77,19 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
     down_times = list(range(last_logged + interval, restart_time, interval))
     logger.info("Batches during down time (%d batches): %s", len(down_times), _times(down_times))
     candidates = sorted(set(checkpoint.pending_times) | {t for t in restored if t > checkpoint.time})
-    pending = [t for t in candidates if t < restart_time and not batch_log.is_committed(t)]
+    pending = [t for t in candidates if t < restart_time and not events.is_completed(t)]
     logger.info("Batches pending processing (%d batches): %s", len(pending), _times(pending))
     to_reschedule = sorted(set(pending) | set(down_times))
     logger.info("Batches to reschedule (%d batches): %s", len(to_reschedule), _times(to_reschedule))
-    return RestartPlan(to_reschedule, restored & set(pending))
+    rerun = sorted(set(restored) & set(pending))
+    for batch_time in rerun:
+        # SPEC F2/F3: a re-run keeps what it finished durably, unless an input cannot replay.
+        unreplayable = pipeline.unreplayable(restored[batch_time])
+        if unreplayable:
+            logger.warning("Batch %s read input(s) %s, which cannot give it the same data again; the whole batch "
+                           "re-runs", format_batch_time(batch_time), unreplayable)
+        pipeline.recover_batch(batch_time, whole=bool(unreplayable))
+    return RestartPlan(to_reschedule, set(rerun))
 
 
 def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpoint, last_logged: int,
@@ -88,7 +97,7 @@ def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpo
     """Operators' progress as of the newest committed batch (its commit marker)."""
     oldest = max(checkpoint.zero_time, checkpoint.time - remember_ms)
     for time in range(last_logged, oldest, -interval):
-        commit = checkpoints.batch_log.read_commit(time)
+        commit = checkpoints.events.completed(time)
         if commit is not None:
             return dict(commit.get("operators", {}))
     return dict(checkpoint.extra.get("operators", {}))

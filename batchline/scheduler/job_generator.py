@@ -218,7 +218,7 @@ class JobGenerator:
             # coalesced checkpoints report back at once; list the log only when the bound moved.
             threshold = oldest - self._batches.max_input_remember_ms
             if threshold != self._purged_before:
-                manager.batch_log.purge_before(threshold)
+                manager.events.purge_before(threshold)
                 self._purged_before = threshold
 
     def _clear_trackers_and_mark_processed(self, time: int) -> None:

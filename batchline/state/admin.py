@@ -10,7 +10,7 @@ from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 
-from batchline.checkpoint.batch_log import BatchLog
+from batchline.checkpoint.events import JobEventStore
 from batchline.checkpoint.lease import Lease
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import SystemClock
@@ -50,14 +50,14 @@ def state_versions(checkpoint: str, operator: str, storage_options: dict[str, An
 
 
 def _versions(files: FileStateStore, metadata: StateMetadata) -> list[int]:
-    batch_log = BatchLog(files.storage)
+    events = JobEventStore(files.storage)
     per_partition = [files.list_versions(metadata.generation, p) for p in range(metadata.num_partitions)]
     common = set(per_partition[0]).intersection(*per_partition[1:])
     # Readable: committed (a snapshot is only ever written for a committed version) and held by
     # every partition. Clean-up deletes only what lies below a snapshot, so each such version
     # can be built from a snapshot or from the first delta on.
     return [v for v in sorted(common)
-            if any(SNAPSHOT in p[v] for p in per_partition) or batch_log.is_committed(v)]
+            if any(SNAPSHOT in p[v] for p in per_partition) or events.is_completed(v)]
 
 
 def _latest(files: FileStateStore, metadata: StateMetadata) -> int:

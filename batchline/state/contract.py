@@ -27,6 +27,7 @@ from typing import Any
 
 from pyspark.sql.types import StructType
 
+from batchline.checkpoint.events import JobEventStore
 from batchline.errors import BatchlineError, ConfigurationError
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.schema import RowSchema
@@ -69,6 +70,9 @@ class OperatorSpec:
     flat: bool
     timeout: GroupStateTimeout
     event_time_column: str | None = None
+    journal: JobEventStore | None = None
+    """Where a task records that its partition finished (SPEC F2); None where nothing restarts
+    (the state-function tester)."""
 
     @property
     def operator(self) -> str:
@@ -89,10 +93,13 @@ class BatchParams:
     token: int
     """The driver's lease token: a cache built under another driver is never trusted."""
     watermark_ms: int | None
+    keep_finished: bool = True
+    """Whether a partition that recorded its finish of this batch keeps it (False: the batch
+    re-runs whole, because an input it read cannot replay)."""
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_time": self.batch_time, "prev_version": self.prev_version, "token": self.token,
-                "watermark_ms": self.watermark_ms}
+                "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished}
 
     @classmethod
     def from_json(cls, payload: Any) -> BatchParams:
@@ -114,7 +121,13 @@ class BatchParams:
 
         batch_time, token = integer("batch_time", False), integer("token", False)
         assert batch_time is not None and token is not None
-        return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True))
+        keep = payload.get("keep_finished") if isinstance(payload, dict) else None
+        if not isinstance(keep, bool):
+            raise ConfigurationError(
+                f"batch parameters {payload!r} lack a boolean 'keep_finished'; the driver and the workers run "
+                "different batchline versions. Install the same version on both and restart"
+            )
+        return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep)
 
 
 _ABSENT = object()
@@ -173,6 +186,15 @@ class Stats:
             else:
                 merged[f.name] = a + b
         return Stats(**merged)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> Stats:
+        """Statistics a finish record kept; fields it lacks (an older writer) count as nothing."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in payload.items() if k in known})
 
 
 # -------------------------------------------------------------------- errors

@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 
+from batchline.checkpoint.events import PartitionFinished
+from batchline.checkpoint.lease import check_token
 from batchline.errors import ConfigurationError
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
@@ -43,7 +45,16 @@ from batchline.state.contract import (
 )
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
-from batchline.state.store import DELTA, SNAPSHOT, FileHeader, PartitionData, StateStore, apply_table, entries_table
+from batchline.state.store import (
+    DELTA,
+    OUTPUT,
+    SNAPSHOT,
+    FileHeader,
+    PartitionData,
+    StateStore,
+    apply_table,
+    entries_table,
+)
 from batchline.state.timeouts import TimeoutIndex
 
 __all__ = ["PartitionCache", "StateFunctionError", "Stats", "load_partition", "run_partition", "spark_task"]
@@ -273,6 +284,12 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
     Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
+    kept = _finished_output(spec, params, partition)
+    if kept is not None:
+        record, table = kept
+        report(Stats.from_json(record.stats))
+        yield from table.to_batches()
+        return
     cache = WORKER_CACHE if cache is None else cache
     cached = _cached_partition(spec, params, partition, cache)
     completed = False
@@ -297,6 +314,7 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
         stats.output_rows = len(outputs)
         stats.partitions = 1 << partition
         result = _output_batch(spec, params, outputs)
+        _record_finish(spec, params, partition, stats, result)
         report(stats)
         completed = True
     finally:
@@ -306,6 +324,40 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
             cache.put(_cache_key(spec, partition), cached)
     if result.num_rows:
         yield result
+
+
+def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int
+                     ) -> tuple[PartitionFinished, pa.Table] | None:
+    """A partition that recorded its finish of this batch (before a driver crash, or in an
+    earlier attempt of this task) keeps it: its output is read back, its delta is written."""
+    if spec.journal is None or not params.keep_finished:
+        return None
+    record = spec.journal.finished(params.batch_time, spec.operator, spec.generation, partition)
+    if record is None:
+        return None
+    try:
+        table = spec.store.read_version(spec.generation, partition, params.batch_time, OUTPUT).table
+    except FileNotFoundError:
+        logger.warning("Partition %d of operator %s recorded its finish of batch %d, but its output is gone; "
+                       "running it again", partition, spec.operator, params.batch_time)
+        return None
+    logger.info("Partition %d of operator %s keeps its finished batch %d (%d output rows)", partition,
+                spec.operator, params.batch_time, table.num_rows)
+    return record, table.cast(spec.output.arrow)
+
+
+def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stats: Stats,
+                   output: pa.RecordBatch) -> None:
+    """The partition's output beside its delta, then its finish record: from here on a restart
+    does not run the function for this partition and batch again (SPEC F2)."""
+    if spec.journal is None:
+        return
+    spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, OUTPUT),
+                             pa.Table.from_batches([output]))
+    check_token(spec.journal.storage, params.token,
+                f"partition {partition} of operator {spec.operator!r} finished batch {params.batch_time}")
+    spec.journal.partition_finished(params.batch_time, PartitionFinished(
+        spec.operator, partition, spec.generation, params.batch_time, output.num_rows, stats.to_json(), params.token))
 
 
 _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]

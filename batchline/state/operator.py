@@ -105,11 +105,13 @@ def run_batch_job(spark_context: SparkContext, operator: str, params: BatchParam
         raise failure from None
 
 
-def purge_old_versions(store: StateStore, metadata: StateMetadata) -> int:
+def purge_old_versions(store: StateStore, metadata: StateMetadata, committed_through: int | None = None) -> int:
     """Delete the state files that the newest ``RETAINED_VERSIONS`` versions of every
-    partition do not need; returns how many went. Failures are logged: a later purge retries."""
+    partition do not need, and the kept outputs of committed batches; returns how many went.
+    Failures are logged: a later purge retries."""
     try:
-        removed = sum(store.purge(metadata.generation, p, RETAINED_VERSIONS) for p in range(metadata.num_partitions))
+        removed = sum(store.purge(metadata.generation, p, RETAINED_VERSIONS, committed_through)
+                      for p in range(metadata.num_partitions))
     except Exception:
         logger.exception("Purging old state files of operator %s failed; retrying after later batches",
                          store.operator)

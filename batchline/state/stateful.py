@@ -27,6 +27,8 @@ from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
+from batchline.batch_time import format_batch_time
+from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job
 from batchline.state import operator
@@ -112,6 +114,8 @@ class StatefulRuntime(StreamRuntime):
         self.max_event_time_ms: int | None = None
         self._stats: dict[int, Accumulator[Stats]] = {}
         self._ran: set[int] = set()
+        self._rerun_whole: set[int] = set()
+        """Batches a restart re-runs whole: their partitions keep nothing they had finished."""
         self._commits = 0
 
     # ---------------------------------------------------------------- lifecycle
@@ -197,7 +201,7 @@ class StatefulRuntime(StreamRuntime):
     def _purge(self) -> None:
         """Delete state files older than the retained versions, off the batch's path."""
         if self.metadata is not None:
-            purge_old_versions(self._files, self.metadata)
+            purge_old_versions(self._files, self.metadata, self.prev_version)
 
     # ---------------------------------------------------------------- batches
     def compute(self, batch_time: int) -> DataFrame:
@@ -211,6 +215,7 @@ class StatefulRuntime(StreamRuntime):
             store=self._files, generation=metadata.generation, key_names=node.key_names,
             key_schema=metadata.key_schema, state=node.state_schema, output=node.output_schema, fn=node.fn,
             flat=node.flat, timeout=node.timeout, event_time_column=node.event_time.column if node.event_time else None,
+            journal=self._checkpoint.events,
         )
         task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
         self._stats[batch_time] = stats
@@ -238,8 +243,13 @@ class StatefulRuntime(StreamRuntime):
     def _run(self, batch_time: int, df: DataFrame) -> None:
         watermark = self.watermark_ms()
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
-                             token=self._checkpoint.lease.token or 0, watermark_ms=watermark)
+                             token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
+                             keep_finished=batch_time not in self._rerun_whole)
+        if self.metadata is not None:
+            self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
+                self.name, self.metadata.num_partitions, self.metadata.generation))
         run_batch_job(self.env.spark.sparkContext, self.name, params, df)
+        self._rerun_whole.discard(batch_time)
         stats: Stats = self._stats[batch_time].value
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
@@ -248,6 +258,21 @@ class StatefulRuntime(StreamRuntime):
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
+
+    def recover_batch(self, batch_time: int, whole: bool) -> None:
+        """Say which partitions keep the work they recorded as finished before the crash; with
+        ``whole`` (an input cannot replay) none does, and their records are deleted."""
+        if self.metadata is None:
+            return
+        events, generation, partitions = self._checkpoint.events, self.metadata.generation, self.metadata.num_partitions
+        if whole:
+            events.forget_finished(batch_time, self.name, generation, partitions)
+            self._rerun_whole.add(batch_time)
+            return
+        kept = sum(events.finished(batch_time, self.name, generation, p) is not None for p in range(partitions))
+        if kept:
+            logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
+                        format_batch_time(batch_time), kept, partitions, self.name, partitions - kept)
 
     def verify(self, batch_time: int) -> None:
         """Every state partition ran: a partition that did not would lose its keys' batch."""

@@ -54,6 +54,7 @@ from batchline.state.schema import RowSchema, as_python
 
 __all__ = [
     "DELTA",
+    "OUTPUT",
     "SNAPSHOT",
     "STATE_DIR",
     "FileHeader",
@@ -74,8 +75,10 @@ logger = logging.getLogger(__name__)
 
 STATE_DIR = "state"
 METADATA = "_metadata.json"
-DELTA, SNAPSHOT = "delta", "snapshot"
-KINDS = (DELTA, SNAPSHOT)
+DELTA, SNAPSHOT, OUTPUT = "delta", "snapshot", "output"
+KINDS = (DELTA, SNAPSHOT, OUTPUT)
+"""A version's files: the keys the batch changed, every key, and the rows the batch output
+(kept so that a restart reads a finished partition's output back instead of recomputing it)."""
 KEY_PREFIX, STATE_PREFIX = "key.", "state."
 TIMEOUT_COL, REMOVED_COL = "__timeout_ms", "__removed"
 HEADER_KEY = b"batchline"
@@ -134,8 +137,8 @@ class FileHeader:
             raise StateStoreError(f"state versions are batch times and partitions are numbered from 0; got version "
                                   f"{self.version}, partition {self.partition}. Pass the batch time in epoch ms")
         if self.kind not in KINDS:
-            raise StateStoreError(f"a state file is a {DELTA!r} or a {SNAPSHOT!r}, not {self.kind!r}; "
-                                  "pass one of the store's DELTA or SNAPSHOT constants")
+            raise StateStoreError(f"a state file is one of {KINDS}, not {self.kind!r}; "
+                                  "pass one of the store's DELTA, SNAPSHOT or OUTPUT constants")
 
     def to_metadata(self) -> dict[bytes, bytes]:
         return {HEADER_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True).encode()}
@@ -247,18 +250,25 @@ class StateStore(abc.ABC):
     def describe_partition(self, partition: int) -> str:
         return f"state of operator {self.operator!r}, partition {partition}"
 
-    def purge(self, generation: int, partition: int, retain: int) -> int:
+    def purge(self, generation: int, partition: int, retain: int, committed_through: int | None = None) -> int:
         """Delete files no longer needed to load the newest ``retain`` versions: everything
-        below the newest snapshot at or under the oldest retained version."""
+        below the newest snapshot at or under the oldest retained version; and the outputs of
+        versions up to ``committed_through``, which no restart reads again."""
         versions = self.list_versions(generation, partition)
         ordered = sorted(versions)
+        removed = 0
+        if committed_through is not None:
+            for v in ordered:
+                if v <= committed_through and OUTPUT in versions[v]:
+                    self.delete_version(generation, partition, v, OUTPUT)
+                    versions[v].discard(OUTPUT)
+                    removed += 1
         if len(ordered) <= retain:
-            return 0
+            return removed
         oldest_kept = ordered[-retain]
         floors = [v for v in ordered if v <= oldest_kept and SNAPSHOT in versions[v]]
         if not floors:
-            return 0
-        removed = 0
+            return removed
         for v in ordered:
             if v >= floors[-1]:
                 break

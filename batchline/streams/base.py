@@ -186,6 +186,11 @@ class StreamRuntime(ABC):
         """A job that must run before the batch's outputs (read and count, run the state function)."""
         return None
 
+    def recover_batch(self, batch_time: int, whole: bool) -> None:
+        """A restart runs ``batch_time`` again with its logged inputs: keep what it had finished
+        durably, unless ``whole`` (an input it read cannot replay, SPEC F3)."""
+        return None
+
     def verify(self, batch_time: int) -> None:
         """Raise when the batch's work is incomplete (a state partition that did not run)."""
         return None

@@ -25,6 +25,8 @@ class InputNode(StreamNode):
     """A source of batches, found again in a checkpoint by its ``name`` (unique in the pipeline)."""
 
     replayable = False
+    """Whether it can snapshot what it gave a batch (its allocation) and give it again after a
+    restart (SPEC F3); a batch that read an input that cannot re-runs whole."""
 
     def __init__(self, name: str, batch_interval_ms: int) -> None:
         super().__init__(())

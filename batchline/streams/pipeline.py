@@ -113,6 +113,14 @@ class PipelineRuntime:
             else:
                 logger.info("Input %r is new since the checkpoint; it starts from its beginning", stream.name)
 
+    def unreplayable(self, allocations: dict[str, dict[str, Any]]) -> list[str]:
+        """The inputs of a logged batch that cannot give it the same data again."""
+        return [s.name for s in self.inputs if s.name in allocations and not s.node.replayable]
+
+    def recover_batch(self, batch_time: int, whole: bool) -> None:
+        for runtime in self.runtimes:
+            runtime.recover_batch(batch_time, whole)
+
     def recover_after_restart(self) -> None:
         for stream in self.inputs:
             stream.recover_after_restart()
