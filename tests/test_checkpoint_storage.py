@@ -170,13 +170,13 @@ def test_a_second_checkpoint_for_the_same_time_replaces_the_first(tmp_path):
 
 
 def test_a_batch_logged_or_committed_by_another_driver_cannot_be_overwritten(tmp_path):
-    from batchline.checkpoint.batch_log import BatchLog
+    from batchline.checkpoint.events import JobEventStore
 
-    successor, stale = BatchLog(CheckpointStorage(str(tmp_path))), BatchLog(CheckpointStorage(str(tmp_path)))
-    successor.write_batch(5000, {"files": {"files": ["a"]}}, token=2)
-    successor.commit(5000, token=2)
+    successor, stale = JobEventStore(CheckpointStorage(str(tmp_path))), JobEventStore(CheckpointStorage(str(tmp_path)))
+    successor.batch_started(5000, {"files": {"files": ["a"]}}, token=2)
+    successor.batch_completed(5000, token=2)
     with pytest.raises(FencedError, match="already written by another driver"):
-        stale.write_batch(5000, {"files": {"files": ["b"]}}, token=1)
+        stale.batch_started(5000, {"files": {"files": ["b"]}}, token=1)
     with pytest.raises(FencedError, match="already written by another driver"):
-        stale.commit(5000, token=1)
-    assert successor.read_batch(5000) == {"files": {"files": ["a"]}}
+        stale.batch_completed(5000, token=1)
+    assert successor.started(5000) == {"files": {"files": ["a"]}}

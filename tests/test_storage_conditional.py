@@ -9,7 +9,7 @@ import pytest
 from botocore.exceptions import ClientError
 from fsspec.implementations.memory import MemoryFileSystem
 
-from batchline.checkpoint.batch_log import BatchLog
+from batchline.checkpoint.events import JobEventStore
 from batchline.checkpoint.lease import FencedError
 from batchline.checkpoint.storage import CheckpointStorage
 
@@ -41,17 +41,17 @@ def test_a_second_write_of_the_same_name_on_a_local_disk_raises_and_keeps_the_fi
     assert (tmp_path / "location" / "commits" / "000000000001000.json").read_bytes() == b"first driver"
 
 
-def test_the_batch_log_fences_a_second_driver_on_s3(s3_endpoint):
-    first = BatchLog(CheckpointStorage(f"s3://{BUCKET}/location-2", s3_endpoint))
-    second = BatchLog(CheckpointStorage(f"s3://{BUCKET}/location-2", s3_endpoint))
-    first.write_batch(5000, {"files": {"paths": ["a.json"]}}, token=1)
+def test_the_job_event_log_fences_a_second_driver_on_s3(s3_endpoint):
+    first = JobEventStore(CheckpointStorage(f"s3://{BUCKET}/location-2", s3_endpoint))
+    second = JobEventStore(CheckpointStorage(f"s3://{BUCKET}/location-2", s3_endpoint))
+    first.batch_started(5000, {"files": {"paths": ["a.json"]}}, token=1)
     with pytest.raises(FencedError, match="already written by another driver"):
-        second.write_batch(5000, {"files": {"paths": ["b.json"]}}, token=2)
-    first.commit(5000, token=1)
+        second.batch_started(5000, {"files": {"paths": ["b.json"]}}, token=2)
+    first.batch_completed(5000, token=1)
     with pytest.raises(FencedError, match="already written by another driver"):
-        second.commit(5000, token=2)
-    assert first.read_batch(5000) == {"files": {"paths": ["a.json"]}}
-    assert first.read_commit(5000)["token"] == 1
+        second.batch_completed(5000, token=2)
+    assert first.started(5000) == {"files": {"paths": ["a.json"]}}
+    assert first.completed(5000)["token"] == 1
 
 
 class PlainStore(MemoryFileSystem):
