@@ -287,6 +287,8 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     kept = _finished_output(spec, params, partition)
     if kept is not None:
         record, table = kept
+        for _ in batches:  # read to the end, as Spark's worker expects before it is reused
+            pass
         report(Stats.from_json(record.stats))
         yield from table.to_batches()
         return
