@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import dataclass
 
 from batchline.clock import ManualClock
 
@@ -52,3 +53,31 @@ def drive_until_done(clock: ManualClock, thread: threading.Thread, step_ms: int 
         clock.advance(step_ms)
         thread.join(0.01)
     raise TimeoutError("the thread did not finish while the clock was driven")
+
+
+@dataclass
+class Count:
+    """A key's state in the state tests: how many rows, and their values' total."""
+
+    count: int
+    total: int
+
+
+def running_count(key, rows, state):
+    count = state.get() if state.exists else Count(0, 0)
+    for row in rows:
+        count = Count(count.count + 1, count.total + row.value)
+    state.update(count)
+    yield {"key": key, "count": count.count}
+
+
+def session_fn(key, rows, state):
+    """Collects a count; on timeout emits it and drops the key."""
+    if state.has_timed_out:
+        count = state.get()
+        state.remove()
+        yield {"key": key, "count": count.count}
+        return
+    count = state.get_option() or Count(0, 0)
+    state.update(Count(count.count + sum(1 for _ in rows), 0))
+    state.set_timeout_duration("2 seconds")

@@ -4,7 +4,6 @@
 import dataclasses
 import itertools
 import pickle
-from dataclasses import dataclass
 
 import pyarrow as pa
 import pytest
@@ -38,6 +37,7 @@ from batchline.state.store import (
     StateStoreError,
     entries_table,
 )
+from tests.helpers import Count, running_count
 
 KEYS = StructType([StructField("key", StringType())])
 INPUT = pa.schema([pa.field("key", pa.string()), pa.field("value", pa.int64()),
@@ -45,15 +45,7 @@ INPUT = pa.schema([pa.field("key", pa.string()), pa.field("value", pa.int64()),
 _names = itertools.count()
 
 
-@dataclass
-class Count:
-    count: int
-    total: int
-
-
 STATE = RowSchema.of(Count)
-
-
 
 
 @pytest.fixture(params=["memory", "file-local", "file-s3"])
@@ -261,13 +253,6 @@ def test_an_error_payload_survives_the_text_of_a_spark_error():
 
 
 # -------------------------------------------------------------------- the per-key path without Spark
-def running_count(key, rows, state):
-    count = state.get() if state.exists else Count(0, 0)
-    for row in rows:
-        count = Count(count.count + 1, count.total + row.value)
-    state.update(count)
-    yield {"key": key, "count": count.count}
-
 
 def sessions(key, rows, state):
     """Counts a key's rows; ``stop`` removes it; times out two seconds after its last data."""

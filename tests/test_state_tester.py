@@ -10,32 +10,7 @@ from pyspark import SparkContext
 from batchline.errors import ConfigurationError
 from batchline.state import GroupStateTimeout, StateFunctionError, StateFunctionTester, StateStoreError
 from batchline.state.contract import ErrorKind
-
-
-@dataclass
-class Count:
-    count: int
-    total: int
-
-
-def running_count(key, rows, state):
-    count = state.get() if state.exists else Count(0, 0)
-    for row in rows:
-        count = Count(count.count + 1, count.total + row.value)
-    state.update(count)
-    yield {"key": key, "count": count.count}
-
-
-def session_fn(key, rows, state):
-    """Collects a count; on timeout emits it and drops the key."""
-    if state.has_timed_out:
-        count = state.get()
-        state.remove()
-        yield {"key": key, "count": count.count}
-        return
-    count = state.get_option() or Count(0, 0)
-    state.update(Count(count.count + sum(1 for _ in rows), 0))
-    state.set_timeout_duration("2 seconds")
+from tests.helpers import Count, running_count, session_fn
 
 
 def counter(fn=running_count, **kwargs):

@@ -12,6 +12,7 @@ from batchline.checkpoint.storage import CheckpointStorage
 from batchline.state import GroupStateTimeout, StateFunctionError, StateSchemaError, read_state, state_versions
 from batchline.state.store import StateFiles
 from batchline.testing import BatchHarness, CollectSink, ManualClock
+from tests.helpers import Count, running_count, session_fn
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("value", LongType()),
                      StructField("ts", TimestampType())])
@@ -20,12 +21,6 @@ START = 100_000
 
 def at(seconds: float) -> dt.datetime:
     return dt.datetime.fromtimestamp(seconds, tz=dt.UTC)
-
-
-@dataclass
-class Count:
-    count: int
-    total: int
 
 
 class Pipeline(BatchHarness):
@@ -47,14 +42,6 @@ class Pipeline(BatchHarness):
         """Run the next batch with ``rows`` (key, value, ts seconds; None: the batch time) and
         return its output."""
         return super().batch([(k, v, at(ts if ts is not None else self.batch_time / 1000)) for k, v, ts in rows])
-
-
-def running_count(key, rows, state):
-    count = state.get() if state.exists else Count(0, 0)
-    for row in rows:
-        count = Count(count.count + 1, count.total + row.value)
-    state.update(count)
-    yield {"key": key, "count": count.count}
 
 
 def test_state_carries_over_between_batches_per_key(spark, tmp_path):
@@ -108,18 +95,6 @@ def test_remove_drops_the_key_and_update_after_remove_keeps_it(spark, tmp_path):
         p.stop()
     rows = {r["key"]: r["count"] for r in read_state(spark, str(tmp_path), "op").collect()}
     assert rows == {"b": 100}
-
-
-def session_fn(key, rows, state):
-    """Collects a count; on timeout emits it and drops the key."""
-    if state.has_timed_out:
-        count = state.get()
-        state.remove()
-        yield {"key": key, "count": count.count}
-        return
-    count = state.get_option() or Count(0, 0)
-    state.update(Count(count.count + sum(1 for _ in rows), 0))
-    state.set_timeout_duration("2 seconds")
 
 
 def test_processing_time_timeouts_fire_without_any_input(spark, tmp_path):
