@@ -81,3 +81,15 @@ def session_fn(key, rows, state):
     count = state.get_option() or Count(0, 0)
     state.update(Count(count.count + sum(1 for _ in rows), 0))
     state.set_timeout_duration("2 seconds")
+
+
+def event_time_count(key, rows, state):
+    """Counts a batch's rows; times out five seconds of event time after the newest."""
+    if state.has_timed_out:
+        state.remove()
+        yield {"key": key, "count": -1}
+        return
+    times = [r.ts for r in rows]
+    state.update(Count(len(times), 0))
+    state.set_timeout_timestamp(max(times), "5 seconds")
+    yield {"key": key, "count": len(times)}

@@ -10,7 +10,7 @@ from pyspark import SparkContext
 from batchline.errors import ConfigurationError
 from batchline.state import GroupStateTimeout, StateFunctionError, StateFunctionTester, StateStoreError
 from batchline.state.contract import ErrorKind
-from tests.helpers import Count, running_count, session_fn
+from tests.helpers import Count, event_time_count, running_count, session_fn
 
 
 def counter(fn=running_count, **kwargs):
@@ -88,16 +88,7 @@ def test_batches_at_one_time_run_a_millisecond_apart():
 
 
 def test_event_time_timeouts_follow_the_watermark_and_late_rows_are_counted():
-    def fn(key, rows, state):
-        if state.has_timed_out:
-            state.remove()
-            yield {"key": key, "count": -1}
-            return
-        times = [r.ts for r in rows]
-        state.update(Count(len(times), 0))
-        state.set_timeout_timestamp(max(times), "5 seconds")
-        yield {"key": key, "count": len(times)}
-
+    fn = event_time_count
     def at(seconds):
         return {"ts": dt.datetime(1970, 1, 1) + dt.timedelta(seconds=seconds)}  # noqa: DTZ001 - naive is UTC
 

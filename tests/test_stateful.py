@@ -12,7 +12,7 @@ from batchline.checkpoint.storage import CheckpointStorage
 from batchline.state import GroupStateTimeout, StateFunctionError, StateSchemaError, read_state, state_versions
 from batchline.state.store import StateFiles
 from batchline.testing import BatchHarness, CollectSink, ManualClock
-from tests.helpers import Count, running_count, session_fn
+from tests.helpers import Count, event_time_count, running_count, session_fn
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("value", LongType()),
                      StructField("ts", TimestampType())])
@@ -113,16 +113,7 @@ def test_processing_time_timeouts_fire_without_any_input(spark, tmp_path):
 
 
 def test_event_time_timeouts_follow_the_watermark_and_late_rows_are_counted(spark, tmp_path):
-    def fn(key, rows, state):
-        if state.has_timed_out:
-            state.remove()
-            yield {"key": key, "count": -1}
-            return
-        times = [r.ts for r in rows]
-        state.update(Count(len(times), 0))
-        state.set_timeout_timestamp(max(times), "5 seconds")
-        yield {"key": key, "count": len(times)}
-
+    fn = event_time_count
     p = Pipeline(spark, tmp_path, fn, timeout=GroupStateTimeout.EVENT_TIME, watermark="10 seconds").start()
     try:
         assert p.batch([("a", 1, 1000)]) == [{"key": "a", "count": 1}]  # a: timeout at 1005 s event time

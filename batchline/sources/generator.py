@@ -7,14 +7,13 @@ index range; the rows are made by Spark from ``range`` and hash expressions, nev
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType, TimestampType
 
 from batchline.errors import ConfigurationError
-from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamRuntime
+from batchline.streams import InputNode, RangeReader, RuntimeEnv, StreamRuntime
 
 __all__ = ["GeneratorSource", "GeneratorReader", "USER_EVENT_SCHEMA"]
 
@@ -70,15 +69,11 @@ class GeneratorSource(InputNode):
         return GeneratorReader(self, env, parents)
 
 
-class GeneratorReader(InputRuntime):
+class GeneratorReader(RangeReader):
     """The generator's run: the index range of each batch, and the next index to emit."""
 
     node: GeneratorSource
-
-    def __init__(self, node: GeneratorSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
-        super().__init__(node, env, parents)
-        self._ranges: dict[int, tuple[int, int]] = {}
-        self._next_index = 0
+    position_key = "next_index"
 
     def _zero_time(self) -> int:
         if self.zero_time is None:
@@ -90,31 +85,13 @@ class GeneratorReader(InputRuntime):
         return int((batch_time - self._zero_time()) * self.node.rate // 1000)
 
     def allocate(self, batch_time: int) -> None:
-        start, end = self._next_index, max(self._next_index, self.index_at(batch_time))
+        start, end = self.next_index, max(self.next_index, self.index_at(batch_time))
         if self.node.max_records_per_batch is not None:
             end = min(end, start + self.node.max_records_per_batch)
         self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
 
-    def allocation(self, batch_time: int) -> dict[str, Any]:
-        start, end = self._ranges[batch_time]
-        return {"start": start, "end": end}
-
-    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
-        start, end = int(allocation["start"]), int(allocation["end"])
-        self._ranges[batch_time] = (start, end)
-        if advance:
-            self._next_index = max(self._next_index, end)
-        self.report(batch_time, end - start, metadata={"start": start, "end": end})
-
-    def snapshot(self) -> dict[str, Any]:
-        return {"next_index": self._next_index}
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        self._next_index = int(snapshot["next_index"])
-
     def compute(self, batch_time: int) -> DataFrame:
-        start, end = self._ranges.get(batch_time, (0, 0))
-        return self.events(start, end)
+        return self.events(*self.range_of(batch_time))
 
     def events(self, start: int, end: int) -> DataFrame:
         """Events ``start`` (inclusive) to ``end`` (exclusive)."""
@@ -130,7 +107,3 @@ class GeneratorReader(InputRuntime):
             (last_roll < F.lit(int(node.last_event_probability * 1_000_000))).alias("is_last"),
             F.timestamp_millis(millis).alias("ts"),
         )
-
-    def forget_before(self, threshold_time: int) -> None:
-        for batch_time in [t for t in self._ranges if t <= threshold_time]:
-            del self._ranges[batch_time]

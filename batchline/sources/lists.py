@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from batchline.errors import BatchlineError
-from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamRuntime
+from batchline.streams import InputNode, RangeReader, RuntimeEnv, StreamRuntime
 
 __all__ = ["ListSource", "END", "Abort", "AbortedForTest"]
 
@@ -60,16 +60,11 @@ class ListSource(InputNode):
         return ListReader(self, env, parents)
 
 
-class ListReader(InputRuntime):
+class ListReader(RangeReader):
     node: ListSource
 
-    def __init__(self, node: ListSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
-        super().__init__(node, env, parents)
-        self._next = 0
-        self._ranges: dict[int, tuple[int, int]] = {}
-
     def allocate(self, batch_time: int) -> None:
-        items, start = self.node.items, self._next
+        items, start = self.node.items, self.next_index
         end = start
         while end < len(items) and isinstance(items[end], Abort) and items[end].fired:
             end += 1  # passed by an earlier run
@@ -81,30 +76,11 @@ class ListReader(InputRuntime):
             end += 1
         self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
 
-    def allocation(self, batch_time: int) -> dict[str, Any]:
-        start, end = self._ranges[batch_time]
-        return {"start": start, "end": end}
-
-    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
-        start, end = int(allocation["start"]), int(allocation["end"])
-        self._ranges[batch_time] = (start, end)
-        if advance:
-            self._next = max(self._next, end)
+    def report_range(self, batch_time: int, start: int, end: int) -> None:
         self.report(batch_time, len(self._rows(start, end)))
 
     def _rows(self, start: int, end: int) -> list[Any]:
         return [row for item in self.node.items[start:end] if isinstance(item, list) for row in item]
 
-    def snapshot(self) -> dict[str, Any]:
-        return {"next": self._next}
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        self._next = int(snapshot["next"])
-
     def compute(self, batch_time: int) -> DataFrame:
-        start, end = self._ranges.get(batch_time, (0, 0))
-        return self.env.spark.createDataFrame(self._rows(start, end), self.node.schema)
-
-    def forget_before(self, threshold_time: int) -> None:
-        for batch_time in [t for t in self._ranges if t <= threshold_time]:
-            del self._ranges[batch_time]
+        return self.env.spark.createDataFrame(self._rows(*self.range_of(batch_time)), self.node.schema)

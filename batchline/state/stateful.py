@@ -41,12 +41,9 @@ from batchline.state.store import STATE_DIR, FileStateStore, StateMetadata, Stat
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
 from batchline.streams.base import Watermark
 
-__all__ = ["StatefulNode", "StatefulRuntime", "StateOperatorProgress", "DEFAULT_STATE_PARTITIONS"]
+__all__ = ["StatefulNode", "StatefulRuntime"]
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_STATE_PARTITIONS = operator.DEFAULT_STATE_PARTITIONS
-
 
 class StatefulNode(StreamNode):
     """``flat_map_groups_with_state`` / ``map_groups_with_state`` as described by the user."""

@@ -17,7 +17,7 @@ they build on it.
 
 from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime, Watermark
 from batchline.streams.graph import StreamGraph
-from batchline.streams.inputs import InputNode, InputRuntime
+from batchline.streams.inputs import InputNode, InputRuntime, RangeReader
 from batchline.streams.nodes import TransformNode, WatermarkNode, WindowNode
 from batchline.streams.output import OutputOperation
 from batchline.streams.pipeline import PipelineRuntime
@@ -27,6 +27,7 @@ __all__ = [
     "InputRuntime",
     "OutputOperation",
     "PipelineRuntime",
+    "RangeReader",
     "RuntimeEnv",
     "StreamGraph",
     "StreamNode",
