@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import datetime as _dt
 
-__all__ = ["BatchTime", "format_batch_time"]
+__all__ = ["BatchTime", "END_OF_TIME_MS", "format_batch_time"]
+
+END_OF_TIME_MS = 253_402_300_799_999
+"""9999-12-31T23:59:59.999Z: the watermark once every input has ended, so every event-time
+timeout fires (Flink's final watermark); still a printable date and a valid Arrow timestamp."""
+
 
 def format_batch_time(ms: int) -> str:
     stamp = _dt.datetime.fromtimestamp(ms / 1000, tz=_dt.UTC)

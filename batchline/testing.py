@@ -118,9 +118,11 @@ def _struct(schema: StructType | str) -> StructType:
     return parsed
 
 
-def list_stream(ssc: StreamingContext, items: list[Any], schema: StructType | str, name: str = "list") -> Stream:
-    """A replayable input over ``items``: each a list of rows for one batch, ``END`` or ``Abort()``."""
-    node = ListSource(ssc.batch_interval_ms, items, _struct(schema), name)
+def list_stream(ssc: StreamingContext, items: list[Any], schema: StructType | str, name: str = "list",
+                bounded: bool = False) -> Stream:
+    """A replayable input over ``items``: each a list of rows for one batch, ``END`` or ``Abort()``;
+    ``bounded``: the input ends at ``END`` or at the end of the list, so the pipeline can finish."""
+    node = ListSource(ssc.batch_interval_ms, items, _struct(schema), name, bounded)
     return Stream(ssc.graph.add_input(node), ssc.graph)
 
 

@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.api.stream import FileStream, QueueStream, Stream
+from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import (
     DEFAULT_KEEP,
@@ -109,6 +110,9 @@ class StreamingContext:
         self._error: BaseException | None = None
         self._scheduler: JobScheduler | None = None
         self._generator: JobGenerator | None = None
+        self._commit: BatchCommit | None = None
+        self._finishing = False
+        self._finish_lock = threading.Lock()
 
     # ---------------------------------------------------------------- inputs
     def file_stream(
@@ -123,17 +127,20 @@ class StreamingContext:
         name: str | None = None,
         storage_options: dict[str, Any] | None = None,
         max_files_per_batch: int | None = None,
+        bounded: bool = False,
     ) -> FileStream:
         """New files under ``path`` (local or any fsspec URL): json (lines), csv, parquet or text.
 
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
         A file is taken once it was last modified ``settle`` seconds ago or more.
         ``max_files_per_batch`` spreads a backlog (after down time) over several batches.
+        ``bounded``: read the files present when the pipeline first starts, then end (a
+        backfill; see ``run_until_finished``).
         """
         self._check_can_add()
         node = FileSource(
             self.batch_interval_ms, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
-            storage_options=storage_options, max_files_per_batch=max_files_per_batch,
+            storage_options=storage_options, max_files_per_batch=max_files_per_batch, bounded=bounded,
         )
         return FileStream(self.graph.add_input(node), self.graph)
 
@@ -141,16 +148,24 @@ class StreamingContext:
         return self.file_stream(path, "text", **kwargs)
 
     def socket_text_stream(
-        self, host: str, port: int, *, block_interval: object = DEFAULT_BLOCK_INTERVAL, name: str | None = None
+        self, host: str, port: int, *, block_interval: object = DEFAULT_BLOCK_INTERVAL, name: str | None = None,
+        bounded: bool = False,
     ) -> Stream:
         """Lines received over TCP from ``host:port``, as rows with one column ``value``."""
         return self.receiver_stream(SocketReceiver(host, port), block_interval=block_interval,
-                                    name=name or f"socket:{host}:{port}")
+                                    name=name or f"socket:{host}:{port}", bounded=bounded)
 
     def receiver_stream(
-        self, receiver: Receiver, *, block_interval: object = DEFAULT_BLOCK_INTERVAL, name: str | None = None
+        self, receiver: Receiver, *, block_interval: object = DEFAULT_BLOCK_INTERVAL, name: str | None = None,
+        bounded: bool = False,
     ) -> Stream:
         """Records stored by your own :class:`Receiver`, as rows with one column ``value``."""
+        if bounded:
+            raise ConfigurationError(
+                f"{name or type(receiver).__name__} cannot be bounded: a receiver gets records as they are pushed "
+                "and never knows that no more will come. Land the data in files and read them with "
+                "file_stream(path, bounded=True), or use a generator with total=N"
+            )
         self._check_can_add()
         block_ms = parse_duration_ms(block_interval, "block interval")
         node = ReceiverSource(self.batch_interval_ms, receiver, block_ms, name or type(receiver).__name__)
@@ -166,13 +181,15 @@ class StreamingContext:
         partitions: int | None = None,
         name: str = "generator",
         max_records_per_batch: int | None = None,
+        total: int | None = None,
     ) -> Stream:
         """Deterministic user events ``{id, data, is_last, ts}`` at ``rate`` events per second;
-        ``max_records_per_batch`` spreads a backlog (after down time) over several batches."""
+        ``max_records_per_batch`` spreads a backlog (after down time) over several batches;
+        ``total`` bounds the input: it ends after that many events."""
         self._check_can_add()
         node = GeneratorSource(
             self.batch_interval_ms, rate, users=users, seed=seed, last_event_probability=last_event_probability,
-            partitions=partitions, name=name, max_records_per_batch=max_records_per_batch,
+            partitions=partitions, name=name, max_records_per_batch=max_records_per_batch, total=total,
         )
         return Stream(self.graph.add_input(node), self.graph)
 
@@ -238,6 +255,10 @@ class StreamingContext:
                     "stateful operators build each batch on the previous one; use concurrent_jobs=1"
                 )
             checkpoint = self._open_checkpoints()
+            if checkpoint is not None and self._already_finished(checkpoint):
+                self._state = ContextState.STOPPED
+                self._terminated.set()
+                return
             try:
                 self._start_running(checkpoint)
             except BaseException:
@@ -252,7 +273,7 @@ class StreamingContext:
         env = RuntimeEnv(self.spark, self.clock, self.batch_interval_ms, self.input_info, self.receiver_tracker,
                          self._checkpoints, self.graph.consumed())
         self.pipeline = PipelineRuntime(self.graph, env)
-        commit = BatchCommit(self.pipeline, self._checkpoints, self.clock)
+        commit = self._commit = BatchCommit(self.pipeline, self._checkpoints, self.clock, self._pipeline_finished)
         generator: JobGenerator
 
         def commit_batch(batch_time: int) -> None:
@@ -276,6 +297,36 @@ class StreamingContext:
             self._scheduler.shutdown(graceful=False)
             raise
         self.pipeline.start_inputs()
+        finished = self.pipeline.finished_after()
+        if finished is not None:  # finished before a crash, without its final checkpoint
+            self._pipeline_finished(finished)
+
+    def _already_finished(self, checkpoint: Checkpoint) -> bool:
+        """The location's newest checkpoint is the final one of this same pipeline: nothing to run."""
+        final = checkpoint.extra.get("final")
+        finished_inputs = checkpoint.extra.get("finished", {}).get("inputs", {})
+        if not final or set(checkpoint.outputs) != {op.name for op in self.graph.outputs} or any(
+                node.name not in finished_inputs for node in self.graph.inputs):
+            return False
+        assert self._checkpoints is not None
+        logger.info("The pipeline at %s already finished: its final checkpoint (batch %s) records every input "
+                    "ended and every output committed, so there is nothing to run. To run it again from the "
+                    "start, use a new checkpoint location", self._checkpoints.storage.url,
+                    format_batch_time(checkpoint.time))
+        self._checkpoints.close()
+        return True
+
+    def _pipeline_finished(self, batch_time: int) -> None:
+        """Every output's stream finished as of ``batch_time`` (committed): stop, then write the
+        final checkpoint. On a thread of its own: this is called from the batch's commit."""
+        with self._finish_lock:  # not the state lock: start() holds it when a restart finds the pipeline finished
+            if self._finishing:
+                return
+            self._finishing = True
+        logger.info("Pipeline finished with batch %s: every input ended and every operator drained; stopping "
+                    "after a final checkpoint", format_batch_time(batch_time))
+        threading.Thread(target=self._stop, kwargs={"graceful": True, "final": True}, name="batchline-finish",
+                         daemon=True).start()
 
     def _open_checkpoints(self) -> Checkpoint | None:
         """Take the location's lease and load its newest checkpoint (None: start fresh)."""
@@ -291,8 +342,30 @@ class StreamingContext:
                        storage.url)
         return checkpoint
 
+    def run_until_finished(self, timeout: float | None = None) -> bool:
+        """Start the pipeline (unless started) and wait until it finishes: every input is
+        exhausted, every operator has drained (event-time timeouts fire at the end of time) and
+        the final checkpoint is written (SPEC G3). True once finished, False on timeout (seconds).
+
+        Every input an output reads from must be bounded (``file_stream(..., bounded=True)``,
+        ``generator_stream(..., total=N)``); a pipeline that mixes in unbounded inputs runs with
+        ``start()`` and ``await_termination()`` and keeps checkpointing after the bounded ones end.
+        """
+        consumed = self.graph.consumed()
+        unbounded = [node.name for node in self.graph.inputs if node.node_id in consumed and not node.bounded]
+        if unbounded:
+            raise ConfigurationError(
+                f"run_until_finished() would never return: input(s) {unbounded} never end. Make them bounded "
+                "(file_stream(..., bounded=True), generator_stream(..., total=N)), or use start() and "
+                "await_termination()"
+            )
+        if self._state is ContextState.INITIALIZED:
+            self.start()
+        return self.await_termination(timeout)
+
     def await_termination(self, timeout: float | None = None) -> bool:
-        """Wait until the pipeline stops; True if it did, False on timeout (seconds).
+        """Wait until the pipeline stops; True if it did, False on timeout (seconds). A pipeline
+        whose inputs all end stops by itself once it finished.
 
         Raises the error that stopped the pipeline, e.g. a failed batch's BatchFailedError.
         """
@@ -310,6 +383,9 @@ class StreamingContext:
         batches (each wait bounded by the graceful-stop timeout). Immediate: stop the timer
         and cancel the Spark jobs of running batches.
         """
+        self._stop(graceful, stop_spark_session)
+
+    def _stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False) -> None:
         with self._state_lock:
             if self._state is ContextState.STOPPED:
                 return
@@ -325,6 +401,8 @@ class StreamingContext:
             self.pipeline.stop_inputs(graceful)
             self._generator.stop(process_received_data=graceful)
             self._scheduler.shutdown(graceful)
+            if final:
+                self._write_final_checkpoint()
             if self._checkpoints is not None:
                 self._checkpoints.close()
         finally:
@@ -332,6 +410,17 @@ class StreamingContext:
             if stop_spark_session:
                 self.spark.stop()
         logger.info("StreamingContext stopped")
+
+    def _write_final_checkpoint(self) -> None:
+        if self._checkpoints is None or self._commit is None:
+            logger.info("Pipeline finished (no checkpoint location, so no final checkpoint)")
+            return
+        writer = self._checkpoints.checkpoint_writer()
+        writer.stop()  # what is queued first: the final checkpoint is the newest
+        final = self._commit.final_checkpoint()
+        writer.write_now(final)
+        logger.info("Final checkpoint written for batch %s with the outputs' commits %s; the pipeline is finished",
+                    format_batch_time(final.time), final.extra["final"]["output_commits"])
 
     def _fail(self, error: BaseException) -> None:
         """A batch or the generator failed: remember the error and stop without waiting."""

@@ -100,7 +100,7 @@ class Stream:
         """Write every non-empty batch as one directory ``batch_time=<ms>`` under ``path`` (a
         local path or fsspec URL, with ``storage_options``), exactly once across restarts."""
         sink = FileSink(path, format, options, storage_options=storage_options)
-        return self.foreach_batch(sink.write, name or f"files:{path}")
+        return self.graph.add_output(self.node, sink.write, name or f"files:{path}", sink)
 
     def __repr__(self) -> str:
         return f"Stream({self.node!r})"
@@ -151,6 +151,7 @@ class KeyedStream:
         name: str | None = None,
         num_partitions: int | None = None,
         initial_state: DataFrame | None = None,
+        at_end: str = "keep",
     ) -> Stream:
         """Call ``fn(key, rows, state)`` once per key with data in a batch, and for keys whose
         timeout passed; it returns (or yields) any number of output rows (SPEC D1, D2).
@@ -162,8 +163,14 @@ class KeyedStream:
         partitions (default 8, fixed once state exists). ``initial_state`` is a DataFrame of
         key columns and state fields to start from; ``fn`` is called for each of its keys in
         the first batch.
+
+        When every input has ended (bounded inputs), event-time timeouts all fire (the
+        watermark reaches the end of time) before the pipeline finishes; keys with
+        processing-time timeouts are kept for a later run (``at_end="keep"``) or all time
+        out (``at_end="time_out"``).
         """
-        return self._with_state(fn, True, state_schema, output_schema, timeout, name, num_partitions, initial_state)
+        return self._with_state(fn, True, state_schema, output_schema, timeout, name, num_partitions, initial_state,
+                                at_end)
 
     def map_groups_with_state(
         self,
@@ -175,13 +182,15 @@ class KeyedStream:
         name: str | None = None,
         num_partitions: int | None = None,
         initial_state: DataFrame | None = None,
+        at_end: str = "keep",
     ) -> Stream:
         """Like ``flat_map_groups_with_state``, with exactly one output row per call."""
-        return self._with_state(fn, False, state_schema, output_schema, timeout, name, num_partitions, initial_state)
+        return self._with_state(fn, False, state_schema, output_schema, timeout, name, num_partitions, initial_state,
+                                at_end)
 
     def _with_state(self, fn: Callable[..., Any], flat: bool, state_schema: Any, output_schema: Any,
                     timeout: GroupStateTimeout | None, name: str | None, num_partitions: int | None,
-                    initial_state: DataFrame | None) -> Stream:
+                    initial_state: DataFrame | None, at_end: str) -> Stream:
         if not all(isinstance(k, str) for k in self.keys):
             raise ConfigurationError(
                 "a stateful operator groups by column names; add computed keys with with_column first"
@@ -190,7 +199,7 @@ class KeyedStream:
             self.stream.node, tuple(str(k) for k in self.keys), fn, flat=flat, state_schema=state_schema,
             output_schema=output_schema, timeout=timeout or GroupStateTimeout.NO_TIMEOUT,
             name=name or ("flat_map_groups_with_state" if flat else "map_groups_with_state"),
-            num_partitions=num_partitions, initial_state=initial_state,
+            num_partitions=num_partitions, initial_state=initial_state, at_end=at_end,
         )
         graph = self.stream.graph
         graph.claim(node)

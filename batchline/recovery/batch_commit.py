@@ -10,6 +10,10 @@ Step 5: advance versions: every node moves on to build the next batch on this on
 Step 6: checkpoint: the generator clears what no batch needs and writes a checkpoint on
         the checkpoint interval (``checkpoint``, from the writer's thread).
 
+Once a committed batch leaves every output's stream finished (SPEC G1-G3), ``on_finished`` is
+told; the context then stops and writes the final checkpoint (``final_checkpoint``). Batches
+generated after that take no input, log nothing and commit nothing.
+
 A driver that dies before Step 4 leaves a logged batch without a marker: the restart
 (``restart.plan_restart``) runs it again with exactly the logged inputs, and every output
 and state write of Step 2 is idempotent per batch time.
@@ -17,8 +21,12 @@ and state write of Step 2 is idempotent per batch time.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+from collections.abc import Callable
+from typing import Any
 
+from batchline.batch_time import format_batch_time
 from batchline.checkpoint.manager import CheckpointManager
 from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
@@ -35,12 +43,18 @@ logger = logging.getLogger(__name__)
 class BatchCommit:
     """The steps above for one pipeline run; what the job generator calls ``Batches``."""
 
-    def __init__(self, pipeline: PipelineRuntime, checkpoints: CheckpointManager | None, clock: Clock) -> None:
+    def __init__(self, pipeline: PipelineRuntime, checkpoints: CheckpointManager | None, clock: Clock,
+                 on_finished: Callable[[int], None] | None = None) -> None:
         self.pipeline = pipeline
         self._checkpoints = checkpoints
         self._clock = clock
+        self._on_finished = on_finished
         self._restored: set[int] = set()
         """Batches a restart re-runs; their logged inputs were given back when it began."""
+        self._idle: set[int] = set()
+        """Batches generated after the pipeline finished: nothing logged, nothing to commit."""
+        self.last_committed: int | None = None
+        self._roots: list[str] = []
 
     @property
     def max_input_remember_ms(self) -> int:
@@ -60,9 +74,14 @@ class BatchCommit:
         plan = plan_restart(self.pipeline, self._checkpoints, checkpoint, restart_time,
                             self.pipeline.graph.batch_interval_ms)
         self._restored = set(plan.restored)
+        self.last_committed = checkpoint.time
         return plan.to_reschedule
 
     def jobs_for(self, batch_time: int) -> list[Job]:
+        if self._finished_before(batch_time):
+            self._idle.add(batch_time)
+            return []
+        self._log_roots(batch_time)
         # Step 1
         if batch_time in self._restored:
             self._restored.discard(batch_time)  # its logged inputs were given back by the restart
@@ -75,6 +94,10 @@ class BatchCommit:
 
     def commit(self, batch_time: int) -> None:
         """Called on the batch's thread once every job of the batch succeeded."""
+        if batch_time in self._idle:
+            self._idle.discard(batch_time)
+            self.last_committed = max(batch_time, self.last_committed or batch_time)
+            return
         # Step 3
         self.pipeline.verify(batch_time)
         # Step 4
@@ -82,6 +105,24 @@ class BatchCommit:
             self._checkpoints.commit_batch(batch_time, self.pipeline.progress())
         # Step 5
         self.pipeline.on_batch_committed(batch_time)
+        self.last_committed = max(batch_time, self.last_committed or batch_time)
+        finished = self.pipeline.finished_after()
+        if finished is not None and batch_time >= finished and self._on_finished is not None:
+            self._on_finished(batch_time)
+
+    def _finished_before(self, batch_time: int) -> bool:
+        finished = self.pipeline.finished_after()
+        return finished is not None and batch_time > finished
+
+    def _log_roots(self, batch_time: int) -> None:
+        """Once parts of the pipeline have finished, say where each batch's work starts (SPEC G4)."""
+        if not any(r.finished_partitions() for r in self.pipeline.runtimes):
+            return
+        roots = [f"{runtime.node!r}[{partition}]" for runtime, partition in self.pipeline.tasks_to_trigger()]
+        if roots != self._roots:
+            self._roots = roots
+            logger.info("From batch %s, work starts at %s (the streams before them have finished)",
+                        format_batch_time(batch_time), ", ".join(roots) or "nothing")
 
     def clear_metadata(self, batch_time: int) -> None:
         self.pipeline.clear_metadata(batch_time)
@@ -91,6 +132,9 @@ class BatchCommit:
         if self._checkpoints is None or self.pipeline.zero_time is None:
             raise ContextStateError("a checkpoint needs a started pipeline with a checkpoint location")
         progress = self.pipeline.progress()
+        extra: dict[str, Any] = {"operators": progress} if progress else {}
+        if finished := self.pipeline.finished_report():
+            extra["finished"] = finished
         return Checkpoint(
             time=batch_time,
             zero_time=self.pipeline.zero_time,
@@ -100,5 +144,17 @@ class BatchCommit:
             inputs=self.pipeline.snapshot(),
             outputs=tuple(op.name for op in self.pipeline.graph.outputs),
             written_at_ms=self._clock.now_ms(),
-            extra={"operators": progress} if progress else {},
+            extra=extra,
         )
+
+    def final_checkpoint(self) -> Checkpoint:
+        """The checkpoint a finished pipeline ends with (SPEC G3): as of its last committed
+        batch, nothing pending, every output's last commit; a restart finds it and does nothing."""
+        if self.last_committed is None:
+            raise ContextStateError("a final checkpoint needs a committed batch")
+        checkpoint = self.checkpoint(self.last_committed, ())
+        commits = {op.name: op.sink.last_commit() if op.sink is not None else None
+                   for op in self.pipeline.graph.outputs}
+        extra = {**checkpoint.extra, "final": {"finished_after": self.pipeline.finished_after(),
+                                               "output_commits": commits}}
+        return dataclasses.replace(checkpoint, extra=extra)

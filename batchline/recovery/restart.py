@@ -52,6 +52,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
     interval = batch_interval_ms
     pipeline.start(checkpoint.zero_time)
     pipeline.restore(checkpoint.inputs)
+    pipeline.restore_finished(checkpoint.extra.get("finished", {}))
     restored: dict[int, dict[str, dict[str, Any]]] = {}
     # The checkpoint's pending batches and the batches a window may still need get their
     # logged allocations back, without advancing the sources: the checkpointed position

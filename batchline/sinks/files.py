@@ -82,6 +82,17 @@ class FileSink:
         self.path = path.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self._storage = CheckpointStorage(self.path, self.storage_options)
+        self._last_commit: int | None = None
+
+    def last_commit(self) -> dict[str, Any]:
+        """The newest batch committed to this output, for a finished pipeline's final
+        checkpoint (SPEC G3); found among the commit records when this run committed none."""
+        last = self._last_commit
+        if last is None:
+            times = [int(n.split(".")[0]) for n in self._storage.list_names(COMMITS_DIR) if n.split(".")[0].isdigit()]
+            last = max(times, default=None)
+        return {"path": self.path, "batch_time": last,
+                "record": None if last is None else self._storage.full_url(_record_name(last))}
 
     def write(self, df: DataFrame, batch_time: BatchTime) -> None:
         """Commit one batch, exactly once across crashes and restarts.
@@ -105,6 +116,7 @@ class FileSink:
             try:
                 self._publish(time_ms, record, fresh=False)
                 self._drop_staging(time_ms)
+                self._last_commit = max(time_ms, self._last_commit or time_ms)
             except OSError as error:
                 raise SinkError(
                     f"completing batch {batch_time} in {self.path} failed: {error}. Start the pipeline again to "
@@ -165,6 +177,7 @@ class FileSink:
         self._publish(time_ms, record, fresh=fresh)
         # Step 6
         self._drop_staging(time_ms)
+        self._last_commit = max(time_ms, self._last_commit or time_ms)
 
     def _read_record(self, time_ms: int) -> dict[str, Any] | None:
         name = _record_name(time_ms)

@@ -50,7 +50,11 @@ def _is_visible(name: str) -> bool:
 
 
 class FileSource(InputNode):
-    """New files under ``path``, read once each; ``dead_letters`` is the stream of bad lines."""
+    """New files under ``path``, read once each; ``dead_letters`` is the stream of bad lines.
+
+    ``bounded``: only the files present when the pipeline first starts (settled or not; the
+    list is kept in the checkpoint, so a restart reads the same set), then the input ends.
+    """
 
     replayable = True
 
@@ -66,6 +70,7 @@ class FileSource(InputNode):
         name: str | None = None,
         storage_options: dict[str, Any] | None = None,
         max_files_per_batch: int | None = None,
+        bounded: bool = False,
     ) -> None:
         if max_files_per_batch is not None and max_files_per_batch <= 0:
             raise ConfigurationError(f"max_files_per_batch must be positive; got {max_files_per_batch}")
@@ -78,7 +83,7 @@ class FileSource(InputNode):
                 f"a {format} file stream needs a schema (a StructType): batches must not change "
                 "shape with the files that happen to arrive"
             )
-        super().__init__(name or f"files:{path}", batch_interval_ms)
+        super().__init__(name or f"files:{path}", batch_interval_ms, bounded)
         self.path = path
         self.format = format
         self.schema: StructType = schema
@@ -106,24 +111,44 @@ class FileReader(InputRuntime):
         self._seen_json = bytearray()  # the seen names, JSON-encoded as they arrive
         self._batch_files: dict[int, list[str]] = {}
         self._parsed: dict[int, DataFrame] = {}
+        self._listing: list[str] | None = None
+        """A bounded source's files: those present at its first start, in name order."""
+        self._listing_json = b"[]"
+
+    def open(self) -> None:
+        if self.node.bounded and self._listing is None:
+            self._set_listing(self._list(settled_before=None))
+            logger.info("Bounded input %s reads the %d files present at start under %s", self.name,
+                        len(self._listing or ()), self.node.path)
+
+    def _set_listing(self, names: list[str]) -> None:
+        self._listing = sorted(names)
+        self._listing_json = json.dumps(self._listing).encode()
 
     # ---------------------------------------------------------------- allocation
     def list_new_files(self) -> list[str]:
-        """Complete files not taken yet, in name order."""
+        """Complete files not taken yet, in name order (a bounded source's from its listing)."""
+        if self._listing is not None:
+            return [name for name in self._listing if name not in self._seen]
+        return self._list(settled_before=time.time() - self.node.settle_s)  # file times are wall-clock times
+
+    def exhausted(self) -> bool:
+        return self._listing is not None and not self.list_new_files()
+
+    def _list(self, settled_before: float | None) -> list[str]:
         try:
             entries = self._fs.ls(self._root, detail=True)
         except FileNotFoundError:
             entries = []
         except OSError as error:
             raise SourceError(f"cannot list {self.node.path}: {error}; check the path and its permissions") from error
-        settled_before = time.time() - self.node.settle_s  # file times are wall-clock times
         return sorted(
             e["name"]
             for e in entries
             if e.get("type") == "file"
             and _is_visible(e["name"])
             and e["name"] not in self._seen
-            and _mtime(e) <= settled_before
+            and (settled_before is None or _mtime(e) <= settled_before)
         )
 
     def allocate(self, batch_time: int) -> None:
@@ -151,11 +176,16 @@ class FileReader(InputRuntime):
 
     def snapshot(self) -> dict[str, Any]:
         # Kept encoded as it grows: a checkpoint costs a copy of it, not an encoding.
-        return {"seen": RawJson(b"[" + bytes(self._seen_json) + b"]")}
+        snapshot: dict[str, Any] = {"seen": RawJson(b"[" + bytes(self._seen_json) + b"]")}
+        if self._listing is not None:
+            snapshot["listing"] = RawJson(self._listing_json)
+        return snapshot
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         self._seen, self._seen_json = set(), bytearray()
         self._remember_seen(list(snapshot["seen"]))
+        if self.node.bounded and "listing" in snapshot:
+            self._set_listing(list(snapshot["listing"]))
 
     def forget_before(self, threshold_time: int) -> None:
         for batch_time in [t for t in self._batch_files if t <= threshold_time]:

@@ -31,7 +31,7 @@ class GeneratorSource(InputNode):
     """UserEvent rows ``{id, data, is_last, ts}``: ``rate`` events per second of stream time.
 
     ``max_records_per_batch`` caps a batch (SPEC B4): after down time the backlog is worked
-    off over several batches.
+    off over several batches. With ``total`` the input is bounded: it ends after that many events.
     """
 
     replayable = True
@@ -46,7 +46,10 @@ class GeneratorSource(InputNode):
         partitions: int | None = None,
         name: str = "generator",
         max_records_per_batch: int | None = None,
+        total: int | None = None,
     ) -> None:
+        if total is not None and total < 0:
+            raise ConfigurationError(f"generator total must be >= 0 events; got {total}")
         if rate < 0:
             raise ConfigurationError(f"generator rate must be >= 0 events per second; got {rate}")
         if users <= 0:
@@ -55,7 +58,8 @@ class GeneratorSource(InputNode):
             raise ConfigurationError(
                 f"last_event_probability must be between 0 and 1; got {last_event_probability}"
             )
-        super().__init__(name, batch_interval_ms)
+        super().__init__(name, batch_interval_ms, bounded=total is not None)
+        self.total = total
         self.rate = rate
         self.users = users
         self.seed = seed
@@ -88,7 +92,12 @@ class GeneratorReader(RangeReader):
         start, end = self.next_index, max(self.next_index, self.index_at(batch_time))
         if self.node.max_records_per_batch is not None:
             end = min(end, start + self.node.max_records_per_batch)
+        if self.node.total is not None:
+            end = min(end, self.node.total)
         self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
+
+    def exhausted(self) -> bool:
+        return self.node.total is not None and self.next_index >= self.node.total
 
     def compute(self, batch_time: int) -> DataFrame:
         return self.events(*self.range_of(batch_time))

@@ -3,7 +3,8 @@
 Each item of the list is one batch's rows, or a marker: ``END`` (the input has nothing more;
 later batches are empty) or an ``Abort()`` (the first time a batch would take it, generating
 that batch fails with ``AbortedForTest``, as a crash would; a run after it passes it by).
-Positions are list indices, so a restart replays logged batches exactly.
+Positions are list indices, so a restart replays logged batches exactly. A ``bounded`` list
+ends at its end or at ``END``: the pipeline can finish.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ class ListSource(InputNode):
 
     replayable = True
 
-    def __init__(self, batch_interval_ms: int, items: Sequence[Any], schema: StructType, name: str = "list") -> None:
-        super().__init__(name, batch_interval_ms)
+    def __init__(self, batch_interval_ms: int, items: Sequence[Any], schema: StructType, name: str = "list",
+                 bounded: bool = False) -> None:
+        super().__init__(name, batch_interval_ms, bounded)
         self.items = items
         self.schema = schema
 
@@ -75,6 +77,10 @@ class ListReader(RangeReader):
         if end < len(items) and items[end] is not END:
             end += 1
         self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
+
+    def exhausted(self) -> bool:
+        items = self.node.items
+        return self.next_index >= len(items) or items[self.next_index] is END
 
     def report_range(self, batch_time: int, start: int, end: int) -> None:
         self.report(batch_time, len(self._rows(start, end)))

@@ -1,7 +1,14 @@
-"""Per-key state (SPEC D): GroupState, the operator, its versioned store, offline access,
-and a tester that runs a state function without Spark."""
+"""Per-key state (SPEC D): GroupState, the operator, its versioned store, offline access
+(reading, rescaling and writing state), and a tester that runs a state function without Spark."""
 
-from batchline.state.admin import read_state, rescale_state, state_operators, state_versions
+from batchline.state.admin import (
+    WriteStateResult,
+    read_state,
+    rescale_state,
+    state_operators,
+    state_versions,
+    write_state,
+)
 from batchline.state.contract import StateFunctionError
 from batchline.state.group_state import GroupState, GroupStateTimeout, NoStateError, TimeoutNotEnabledError
 from batchline.state.schema import StateSchemaError
@@ -21,8 +28,10 @@ __all__ = [
     "StateStoreError",
     "StateVersionError",
     "TimeoutNotEnabledError",
+    "WriteStateResult",
     "read_state",
     "rescale_state",
     "state_operators",
     "state_versions",
+    "write_state",
 ]

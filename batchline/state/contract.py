@@ -96,10 +96,15 @@ class BatchParams:
     keep_finished: bool = True
     """Whether a partition that recorded its finish of this batch keeps it (False: the batch
     re-runs whole, because an input it read cannot replay)."""
+    end_of_input: bool = False
+    """Every input has ended: every key with a timeout times out now (SPEC G3's drain)."""
+    finished_partitions: tuple[int, ...] = ()
+    """Partitions drained for good (SPEC G2): their tasks do nothing."""
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_time": self.batch_time, "prev_version": self.prev_version, "token": self.token,
-                "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished}
+                "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished,
+                "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions)}
 
     @classmethod
     def from_json(cls, payload: Any) -> BatchParams:
@@ -127,7 +132,15 @@ class BatchParams:
                 f"batch parameters {payload!r} lack a boolean 'keep_finished'; the driver and the workers run "
                 "different batchline versions. Install the same version on both and restart"
             )
-        return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep)
+        end = payload.get("end_of_input", False)
+        finished = payload.get("finished_partitions", [])
+        if not isinstance(end, bool) or not isinstance(finished, list):
+            raise ConfigurationError(
+                f"batch parameters {payload!r} have a malformed 'end_of_input' or 'finished_partitions'; the driver "
+                "and the workers run different batchline versions. Install the same version on both and restart"
+            )
+        return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep, end,
+                   tuple(int(p) for p in finished))
 
 
 _ABSENT = object()
@@ -172,6 +185,8 @@ class Stats:
     max_event_time_ms: int | None = field(default=None, metadata={"merge": _MAX})
     partitions: int = field(default=0, metadata={"merge": _OR})
     """A bit per state partition that ran, to prove none was coalesced away."""
+    timers: int = field(default=0, metadata={"merge": _OR})
+    """A bit per state partition that still holds a key with a timeout after the batch."""
 
     def merge(self, other: Stats) -> Stats:
         """Field by field: counts add up, the newest event time wins, partition bits combine."""

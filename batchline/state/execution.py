@@ -29,6 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 
+from batchline.batch_time import END_OF_TIME_MS
 from batchline.checkpoint.events import PartitionFinished
 from batchline.checkpoint.lease import check_token
 from batchline.errors import ConfigurationError
@@ -284,6 +285,11 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
     Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
+    if partition in params.finished_partitions:
+        for _ in batches:  # drained for good: its input has ended and it holds no timeout
+            pass
+        report(Stats(partitions=1 << partition))
+        return
     kept = _finished_output(spec, params, partition)
     if kept is not None:
         record, table = kept
@@ -315,6 +321,7 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
         stats.state_keys = len(cached.data.entries)
         stats.output_rows = len(outputs)
         stats.partitions = 1 << partition
+        stats.timers = (1 << partition) if len(cached.index) else 0
         result = _output_batch(spec, params, outputs)
         _record_finish(spec, params, partition, stats, result)
         report(stats)
@@ -418,8 +425,9 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
     for key in cached.data.initial_keys:
         if key not in groups:
             call(key, [], False)
-    threshold = (batch_time if timeout is GroupStateTimeout.PROCESSING_TIME
-                 else params.watermark_ms if timeout is GroupStateTimeout.EVENT_TIME else None)
+    threshold = (None if timeout is GroupStateTimeout.NO_TIMEOUT
+                 else END_OF_TIME_MS if params.end_of_input
+                 else batch_time if timeout is GroupStateTimeout.PROCESSING_TIME else params.watermark_ms)
     if threshold is not None:
         # Strictly before the threshold, as in Spark. Popping changes the cached index, which
         # is safe: a task that fails drops its partition from the cache.

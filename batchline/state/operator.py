@@ -40,6 +40,7 @@ __all__ = [
     "RETAINED_VERSIONS",
     "StateOperatorProgress",
     "operator_task",
+    "publish_batch_params",
     "purge_old_versions",
     "run_batch_job",
 ]
@@ -90,12 +91,17 @@ def operator_task(spark_context: SparkContext, spec: OperatorSpec, batch_time: i
     return spark_task(spec, batch_time, stats.add), stats
 
 
+def publish_batch_params(spark_context: SparkContext, operator: str, params: BatchParams) -> None:
+    """Make ``params`` the operator's parameters for the jobs this thread submits next."""
+    current = spark_context.getLocalProperty(BATCH_PARAMS_PROPERTY)
+    spark_context.setLocalProperty(BATCH_PARAMS_PROPERTY, with_batch_params(current, operator, params))
+
+
 def run_batch_job(spark_context: SparkContext, operator: str, params: BatchParams, df: DataFrame) -> None:
     """Evaluate the operator's DataFrame of ``params.batch_time`` with its parameters
     published to the tasks. A failure of the state function raises ``StateFunctionError``
     (with the key and the task's Python traceback); any other failure is raised as it is."""
-    current = spark_context.getLocalProperty(BATCH_PARAMS_PROPERTY)
-    spark_context.setLocalProperty(BATCH_PARAMS_PROPERTY, with_batch_params(current, operator, params))
+    publish_batch_params(spark_context, operator, params)
     try:
         df.count()
     except Exception as error:

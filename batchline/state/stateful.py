@@ -27,7 +27,7 @@ from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
-from batchline.batch_time import format_batch_time
+from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job
@@ -35,7 +35,13 @@ from batchline.state import operator
 from batchline.state.contract import BatchParams, OperatorSpec, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
-from batchline.state.operator import StateOperatorProgress, operator_task, purge_old_versions, run_batch_job
+from batchline.state.operator import (
+    StateOperatorProgress,
+    operator_task,
+    publish_batch_params,
+    purge_old_versions,
+    run_batch_job,
+)
 from batchline.state.schema import RowSchema
 from batchline.state.store import STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
@@ -45,10 +51,14 @@ __all__ = ["StatefulNode", "StatefulRuntime"]
 
 logger = logging.getLogger(__name__)
 
+AT_END_CHOICES = ("keep", "time_out")
+
+
 class StatefulNode(StreamNode):
     """``flat_map_groups_with_state`` / ``map_groups_with_state`` as described by the user."""
 
     ordered_batches = True
+    shuffles_input = True
 
     def __init__(
         self,
@@ -63,8 +73,11 @@ class StatefulNode(StreamNode):
         name: str,
         num_partitions: int | None,
         initial_state: DataFrame | None,
+        at_end: str = "keep",
     ) -> None:
         super().__init__([parent])
+        if at_end not in AT_END_CHOICES:
+            raise ConfigurationError(f"at_end must be one of {AT_END_CHOICES}; got {at_end!r}")
         if not isinstance(timeout, GroupStateTimeout):
             raise ConfigurationError(f"timeout must be a GroupStateTimeout; got {timeout!r}")
         if num_partitions is not None and num_partitions < 1:
@@ -78,6 +91,7 @@ class StatefulNode(StreamNode):
         self.name = name
         self.requested_partitions = num_partitions
         self.initial_state = initial_state
+        self.at_end = at_end
         self.event_time: Watermark | None = parent.watermark()
         if timeout is GroupStateTimeout.EVENT_TIME and self.event_time is None:
             raise ConfigurationError(
@@ -86,6 +100,14 @@ class StatefulNode(StreamNode):
 
     def checkpoint_claim(self) -> tuple[str, str]:
         return (STATE_DIR, self.name)
+
+    @property
+    def times_out_at_end(self) -> bool:
+        """Whether every key with a timeout times out once the inputs have ended: event time
+        reaches its end (the watermark passes every deadline); processing-time deadlines fire
+        only with ``at_end="time_out"`` (by default the state is kept for a later run)."""
+        return self.timeout is GroupStateTimeout.EVENT_TIME or (
+            self.timeout is GroupStateTimeout.PROCESSING_TIME and self.at_end == "time_out")
 
     def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
         return StatefulRuntime(self, env, parents)
@@ -114,6 +136,9 @@ class StatefulRuntime(StreamRuntime):
         self._rerun_whole: set[int] = set()
         """Batches a restart re-runs whole: their partitions keep nothing they had finished."""
         self._commits = 0
+        self._drained: set[int] = set()
+        """Partitions finished for good: the inputs ended and they hold no timeout that may fire."""
+        self._finished_after: int | None = None
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -183,9 +208,40 @@ class StatefulRuntime(StreamRuntime):
 
     def restore_progress(self, progress: dict[str, Any]) -> None:
         self.max_event_time_ms = progress.get("max_event_time_ms")
+        self._drained = set(progress.get("finished_partitions", ()))
+        self._finished_after = progress.get("finished_after")
 
     def progress(self) -> dict[str, Any]:
-        return {"max_event_time_ms": self.max_event_time_ms}
+        progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms}
+        if self._drained:
+            progress.update(finished_partitions=sorted(self._drained), finished_after=self._finished_after)
+        return progress
+
+    # ---------------------------------------------------------------- finishing (SPEC G2)
+    def partitions(self) -> int:
+        return self.num_partitions
+
+    def finished_partitions(self) -> frozenset[int]:
+        return frozenset(self._drained)
+
+    def finished_after(self) -> int | None:
+        return self._finished_after
+
+    def _drain(self, batch_time: int, stats: Stats) -> None:
+        """After a batch that ran with every input ended: partitions holding no timeout that
+        may still fire are finished; once all are, so is the operator."""
+        keeps_timers = self.node.times_out_at_end
+        done = {p for p in range(self.num_partitions) if not (keeps_timers and stats.timers >> p & 1)}
+        newly = sorted(done - self._drained)
+        self._drained |= done
+        if newly:
+            logger.info("Operator %s: partitions %s finished in batch %s (inputs ended, no timeout left); %d of %d "
+                        "still run", self.name, newly, format_batch_time(batch_time),
+                        self.num_partitions - len(self._drained), self.num_partitions)
+        if len(self._drained) == self.num_partitions and self._finished_after is None:
+            self._finished_after = batch_time
+            logger.info("Operator %s finished in batch %s: its inputs ended and every partition drained", self.name,
+                        format_batch_time(batch_time))
 
     def on_batch_committed(self, batch_time: int) -> None:
         if batch_time in self._ran:
@@ -203,6 +259,8 @@ class StatefulRuntime(StreamRuntime):
     # ---------------------------------------------------------------- batches
     def compute(self, batch_time: int) -> DataFrame:
         node = self.node
+        if self.finished_before(batch_time):
+            return self.env.empty_frame(node.output_schema.struct)
         df = self.parent_frame(batch_time)
         missing = [k for k in node.key_names if k not in df.columns]
         if missing:
@@ -238,10 +296,20 @@ class StatefulRuntime(StreamRuntime):
         return Job(batch_time, f"state:{self.name}", lambda: self._run(batch_time, df))
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
-        watermark = self.watermark_ms()
+        # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
+        ending = self.parents[0].finished_before(batch_time)
+        fire = ending and self.node.times_out_at_end
+        watermark = END_OF_TIME_MS if fire and self.node.event_time is not None else self.watermark_ms()
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
-                             keep_finished=batch_time not in self._rerun_whole)
+                             keep_finished=batch_time not in self._rerun_whole, end_of_input=fire,
+                             finished_partitions=tuple(sorted(self._drained)))
+        if self.finished_before(batch_time):
+            # Drained in an earlier batch, which ended after this one's job was built: publish
+            # parameters under which every task does nothing, for outputs that still read it.
+            publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(
+                params, finished_partitions=tuple(range(self.num_partitions))))
+            return
         if self.metadata is not None:
             self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
                 self.name, self.metadata.num_partitions, self.metadata.generation))
@@ -251,6 +319,8 @@ class StatefulRuntime(StreamRuntime):
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
         self._ran.add(batch_time)
+        if ending:
+            self._drain(batch_time, stats)
         self.env.input_info.report_operator(batch_time, StateOperatorProgress.of(self.name, stats, watermark))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,

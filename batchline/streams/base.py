@@ -66,6 +66,9 @@ class StreamNode(ABC):
 
     ordered_batches = False
     """True when each batch builds on the previous one, so batches may not run concurrently."""
+    shuffles_input = False
+    """True when each of its partitions reads every partition of its parents (a shuffle: an
+    all-to-all edge for the trigger set); otherwise partition i reads its parents' partition i."""
 
     def __init__(self, parents: Sequence[StreamNode] = ()) -> None:
         self.parents: tuple[StreamNode, ...] = tuple(parents)
@@ -92,6 +95,11 @@ class StreamNode(ABC):
         """(folder, name) of what this node keeps at the checkpoint location, if anything:
         an entry of that folder that no node of the pipeline claims is refused at start."""
         return None
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the stream ends: true when every input it reads from ends."""
+        return all(parent.bounded for parent in self.parents)
 
     def ancestors(self) -> set[int]:
         """Ids of this node and every node it reads from."""
@@ -175,6 +183,30 @@ class StreamRuntime(ABC):
     def generated_times(self) -> list[int]:
         with self._lock:
             return sorted(self._generated)
+
+    # ---------------------------------------------------------------- finishing (SPEC G1, G2)
+    def finished_after(self) -> int | None:
+        """The batch time after which this stream produces nothing and runs no work (None
+        while it may still): a derived stream finishes with the last of its inputs."""
+        times = [parent.finished_after() for parent in self.parents]
+        if not times or any(t is None for t in times):
+            return None
+        return max(t for t in times if t is not None)
+
+    def finished_before(self, batch_time: int) -> bool:
+        """True when ``batch_time`` comes after this stream finished: it has nothing to do."""
+        finished = self.finished_after()
+        return finished is not None and batch_time > finished
+
+    def finished_partitions(self) -> frozenset[int]:
+        """Partitions done for good while the stream as a whole still runs (stateful operators
+        drain partition by partition); the partition count is ``partitions()``."""
+        return frozenset(range(self.partitions())) if self.finished_after() is not None else frozenset()
+
+    def partitions(self) -> int:
+        """How many partitions the trigger-set computation sees: one, except for streams that
+        keep partition identity (stateful operators) and their per-partition children."""
+        return self.parents[0].partitions() if self.parents else 1
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:

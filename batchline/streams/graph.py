@@ -37,9 +37,10 @@ class StreamGraph:
             self.inputs.append(node)
             return node
 
-    def add_output(self, node: StreamNode, fn: Callable[[DataFrame, BatchTime], Any], name: str) -> OutputOperation:
+    def add_output(self, node: StreamNode, fn: Callable[[DataFrame, BatchTime], Any], name: str,
+                   sink: Any = None) -> OutputOperation:
         with self._lock:
-            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, fn)
+            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, fn, sink)
             self.outputs.append(operation)
             return operation
 

@@ -13,6 +13,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
+from batchline.batch_time import format_batch_time
 from batchline.scheduler.input_info import StreamInputInfo
 from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime
 
@@ -28,9 +29,10 @@ class InputNode(StreamNode):
     """Whether it can snapshot what it gave a batch (its allocation) and give it again after a
     restart (SPEC F3); a batch that read an input that cannot re-runs whole."""
 
-    def __init__(self, name: str, batch_interval_ms: int) -> None:
+    def __init__(self, name: str, batch_interval_ms: int, bounded: bool = False) -> None:
         super().__init__(())
         self.name = name
+        self._bounded = bounded
         self.input_id = -1
         """Its position among the pipeline's inputs, given when the graph registers it."""
         self._batch_interval_ms = batch_interval_ms
@@ -38,6 +40,11 @@ class InputNode(StreamNode):
     @property
     def slide_ms(self) -> int:
         return self._batch_interval_ms
+
+    @property
+    def bounded(self) -> bool:
+        """Whether it ends (SPEC G1): once exhausted, it is finished and later batches skip it."""
+        return self._bounded
 
     @abstractmethod
     def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> InputRuntime:
@@ -52,9 +59,33 @@ class InputRuntime(StreamRuntime):
 
     node: InputNode
 
+    def __init__(self, node: InputNode, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
+        self._finished_after: int | None = None
+
     @property
     def name(self) -> str:
         return self.node.name
+
+    # ---------------------------------------------------------------- finishing
+    def exhausted(self) -> bool:
+        """A bounded input's position has reached its end: nothing is left to allocate."""
+        return False
+
+    def finished_after(self) -> int | None:
+        return self._finished_after
+
+    def note_allocated(self, batch_time: int) -> None:
+        """After ``batch_time`` took its data: a bounded input that took its last records is
+        finished after that batch."""
+        if self._finished_after is None and self.node.bounded and self.exhausted():
+            self._finished_after = batch_time
+            logger.info("Input %s is exhausted: batch %s took its last records, and later batches skip it",
+                        self.name, format_batch_time(batch_time))
+
+    def restore_finished(self, batch_time: int) -> None:
+        """The checkpoint says this input finished after ``batch_time``: it is not read again."""
+        self._finished_after = batch_time
 
     @property
     def input_id(self) -> int:

@@ -91,6 +91,8 @@ class _PassThroughRuntime(StreamRuntime):
 class WindowNode(StreamNode):
     """Every ``slide_ms``, the rows of the parent's last ``window_ms``."""
 
+    shuffles_input = True
+
     def __init__(self, parent: StreamNode, window_ms: int, slide_ms: int | None) -> None:
         super().__init__([parent])
         self.window_ms = window_ms
@@ -115,6 +117,11 @@ class _WindowRuntime(StreamRuntime):
 
     def parent_remember_ms(self) -> int:
         return self.remember_ms + self.node.window_ms
+
+    def finished_after(self) -> int | None:
+        """A window still holds the parent's last rows until they slide out of it."""
+        parent = super().finished_after()
+        return None if parent is None else parent + self.node.window_ms - self.parents[0].node.slide_ms
 
     def compute(self, batch_time: int) -> DataFrame:
         parent = self.parents[0]

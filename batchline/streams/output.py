@@ -23,9 +23,23 @@ class OutputOperation:
     node: StreamNode
     fn: Callable[[DataFrame, BatchTime], Any]
 
+    sink: Any = None
+    """The object behind ``fn`` when it keeps commits of its own (``last_commit()``), for the
+    final checkpoint (SPEC G3)."""
+
     def job(self, runtime: StreamRuntime, batch_time: int) -> Job | None:
+        """The batch's job; none once the stream has finished (SPEC G1: finished streams run
+        no work). Whether it has is checked again when the job runs: an operator learns that
+        it drained only when the batch before has run."""
+        if runtime.finished_before(batch_time):
+            return None
         df = runtime.get_or_compute(batch_time)
         if df is None:
             return None
         fn, stamp = self.fn, BatchTime(batch_time)
-        return Job(batch_time, self.name, lambda: fn(df, stamp))
+
+        def run() -> None:
+            if not runtime.finished_before(batch_time):
+                fn(df, stamp)
+
+        return Job(batch_time, self.name, run)

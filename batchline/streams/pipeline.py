@@ -10,11 +10,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from batchline.batch_time import format_batch_time
 from batchline.errors import ConfigurationError
 from batchline.scheduler.job import Job
 from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime
 from batchline.streams.graph import StreamGraph
 from batchline.streams.inputs import InputRuntime
+from batchline.streams.trigger import EdgeKind, TriggerVertex, tasks_to_trigger
 
 __all__ = ["PipelineRuntime"]
 
@@ -83,19 +85,28 @@ class PipelineRuntime:
 
     # ---------------------------------------------------------------- inputs
     def allocate_inputs(self, batch_time: int) -> None:
-        """Let every input pick its data (files, offsets, blocks) for the batch."""
+        """Let every input still running pick its data (files, offsets, blocks) for the batch;
+        a finished input reads nothing (SPEC G2)."""
         for stream in self.inputs:
-            stream.allocate(batch_time)
+            if stream.finished_before(batch_time):
+                stream.report(batch_time, num_records=0)
+            else:
+                stream.allocate(batch_time)
+                stream.note_allocated(batch_time)
 
     def allocations(self, batch_time: int) -> dict[str, dict[str, Any]]:
-        """Every input's allocation for a batch, by input name, for the batch log."""
-        return {stream.name: stream.allocation(batch_time) for stream in self.inputs}
+        """The allocation of every input that took part in a batch, by input name, for the batch log."""
+        return {stream.name: stream.allocation(batch_time) for stream in self.inputs
+                if not stream.finished_before(batch_time)}
 
     def restore_allocations(self, batch_time: int, allocations: dict[str, dict[str, Any]], advance: bool) -> None:
-        """Give a batch the allocations the batch log holds (an input new since then gets nothing)."""
+        """Give a batch the allocations the batch log holds (an input new since then, or
+        finished before it, gets nothing)."""
         for stream in self.inputs:
             if stream.name in allocations:
                 stream.restore_allocation(batch_time, allocations[stream.name], advance)
+                if advance:
+                    stream.note_allocated(batch_time)
             else:
                 stream.report(batch_time, num_records=0)
 
@@ -112,6 +123,50 @@ class PipelineRuntime:
                 stream.restore(snapshots[stream.name])
             else:
                 logger.info("Input %r is new since the checkpoint; it starts from its beginning", stream.name)
+
+    # ---------------------------------------------------------------- finishing (SPEC G1-G4)
+    def finished_after(self) -> int | None:
+        """The batch after which the whole pipeline has nothing to do: every output's stream
+        is finished (None while one may still produce)."""
+        times = [self.runtime_of(op.node).finished_after() for op in self.graph.outputs]
+        if not times or any(t is None for t in times):
+            return None
+        return max(t for t in times if t is not None)
+
+    def finished_report(self) -> dict[str, Any]:
+        """What a checkpoint records as finished: inputs by name (not read again after a
+        restart), operators by their checkpoint name, and every finished stream."""
+        inputs = {s.name: t for s in self.inputs if (t := s.finished_after()) is not None}
+        streams = [repr(r.node) for r in self.runtimes if r.finished_after() is not None]
+        if not inputs and not streams:
+            return {}
+        return {"inputs": inputs, "streams": streams,
+                "outputs": {op.name: t for op in self.graph.outputs
+                            if (t := self.runtime_of(op.node).finished_after()) is not None}}
+
+    def restore_finished(self, report: dict[str, Any]) -> None:
+        """Take back which inputs a checkpoint recorded as finished; operators restore their
+        partitions' finish with their progress."""
+        for stream in self.inputs:
+            finished = report.get("inputs", {}).get(stream.name)
+            if finished is not None:
+                stream.restore_finished(int(finished))
+                logger.info("Input %s finished before the restart (after batch %s); it is not read again",
+                            stream.name, format_batch_time(int(finished)))
+
+    def tasks_to_trigger(self, work: list[int] | None = None) -> list[tuple[StreamRuntime, int]]:
+        """The (stream, partition) pairs still running with no running predecessor: where a
+        batch's work now starts once parts of the pipeline have finished (SPEC G4, O(n))."""
+        order = self.runtimes
+        index = {id(r): i for i, r in enumerate(order)}
+        vertices = [
+            TriggerVertex(i, r.partitions(), tuple(
+                (index[id(p)], EdgeKind.ALL_TO_ALL if r.node.shuffles_input else EdgeKind.POINTWISE)
+                for p in r.parents))
+            for i, r in enumerate(order)
+        ]
+        finished = {i: r.finished_partitions() for i, r in enumerate(order)}
+        return [(order[v], p) for v, p in tasks_to_trigger(vertices, finished, work)]
 
     def unreplayable(self, allocations: dict[str, dict[str, Any]]) -> list[str]:
         """The inputs of a logged batch that cannot give it the same data again."""
@@ -134,7 +189,8 @@ class PipelineRuntime:
         """Nodes' preparation jobs first, upstream before downstream (inputs read and count,
         stateful operators run their function once and cache the result), then one job per output."""
         logger.debug("Generating jobs for time %d ms", batch_time)
-        jobs = [job for runtime in self.runtimes if (job := runtime.prepare_job(batch_time)) is not None]
+        jobs = [job for runtime in self.runtimes
+                if not runtime.finished_before(batch_time) and (job := runtime.prepare_job(batch_time)) is not None]
         jobs += [job for op in self.graph.outputs if (job := op.job(self.runtime_of(op.node), batch_time)) is not None]
         logger.debug("Generated %d jobs for time %d ms", len(jobs), batch_time)
         return jobs
