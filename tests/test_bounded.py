@@ -265,3 +265,18 @@ def test_a_derived_stream_finishes_with_its_last_input(spark, tmp_path):
     assert len(both.batches) == 3 and sorted(r["value"] for r in both.all_rows()) == [1, 1, 2, 3]
     assert any("Input a is exhausted" in m for m in log.messages())
     assert any("Input b is exhausted" in m for m in log.messages())
+
+
+def test_a_dataframe_is_a_bounded_input_in_rate_limited_batches(spark, tmp_path):
+    df = spark.createDataFrame([(f"k{i % 4}", i) for i in range(25)], "key string, value long")
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "checkpoint"))
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    sink = CollectSink()
+    ssc.dataframe_stream(df, max_records_per_batch=10, name="history").foreach_batch(sink)
+    assert ssc.run_until_finished(timeout=60)
+    sizes = [info.num_records for info in recorder.completed if info.num_records]
+    assert len(sizes) >= 3 and max(sizes) <= 10 and sum(sizes) == 25
+    assert sorted(r["value"] for r in sink.all_rows()) == list(range(25))
+    # The rows were kept at the checkpoint location: written once, never read from df again.
+    assert CheckpointStorage(str(tmp_path / "checkpoint")).exists("inputs/history/manifest.json")

@@ -32,6 +32,7 @@ from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.listener import ListenerBus, StreamingListener
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.sources.files import FileSource
+from batchline.sources.frames import DataFrameSource
 from batchline.sources.generator import GeneratorSource
 from batchline.sources.queue import QueueSource
 from batchline.sources.receiver import Receiver
@@ -201,6 +202,15 @@ class StreamingContext:
         self._check_can_add()
         node = QueueSource(self.batch_interval_ms, frames, schema, one_at_a_time, name)
         return QueueStream(self.graph.add_input(node), self.graph)
+
+    def dataframe_stream(self, df: DataFrame, *, max_records_per_batch: int | None = None,
+                         name: str = "dataframe") -> Stream:
+        """The rows of ``df`` (a DataFrame or ``spark.table(...)``) as a bounded input, in
+        batches of at most ``max_records_per_batch`` rows. The rows are written once to the
+        checkpoint location at the first start, so a restart gives every batch the same rows."""
+        self._check_can_add()
+        node = DataFrameSource(self.batch_interval_ms, df, name, max_records_per_batch)
+        return Stream(self.graph.add_input(node), self.graph)
 
     def union(self, *streams: Stream) -> Stream:
         if not streams:
