@@ -13,6 +13,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from batchline import ConfigurationError, ContextState, StreamingContext
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import load_latest_checkpoint
+from batchline.cli.main import main
 from batchline.sources.files import FileReader
 from batchline.state import GroupStateTimeout, read_state
 from batchline.testing import END, BatchRecorder, CollectSink, list_stream
@@ -98,7 +99,7 @@ def sessionization(spark, tmp_path, recorder=None):
     return ssc
 
 
-def test_bounded_sessionization_finishes_with_every_session_closed(spark, tmp_path):
+def test_bounded_sessionization_finishes_with_every_session_closed(spark, tmp_path, capsys):
     events = write_events(tmp_path / "in")
     recorder = BatchRecorder()
     with LogWatcher() as log:
@@ -126,6 +127,9 @@ def test_bounded_sessionization_finishes_with_every_session_closed(spark, tmp_pa
     assert CheckpointStorage(str(tmp_path / "out")).exists(f"_batchline/commits/{commit['batch_time']:015d}.json")
     assert set(final.extra["finished"]["inputs"]) == {f"files:{tmp_path / 'in'}"}
     assert final.extra["operators"]["sessions"]["finished_partitions"] == [0, 1, 2]
+    capsys.readouterr()
+    assert main(["checkpoints", "list", str(tmp_path / "checkpoint")]) == 0
+    assert "final: the pipeline finished" in capsys.readouterr().out.splitlines()[2]
 
     # A restart of the finished pipeline does nothing, and says so.
     before = sorted(p.name for p in (tmp_path / "out").iterdir())

@@ -41,12 +41,16 @@ def _list(args: argparse.Namespace) -> int:
         print(f"lease: {lease.describe()}, {state}")
     print(f"{'checkpoint time':<26} {'pending':>7}  file")
     for entry in entries:
+        note = ""
         try:
             checkpoint = Checkpoint.from_json(storage.read_sealed(f"{CHECKPOINTS}/{entry['name']}"))
             pending = str(len(checkpoint.pending_times))
+            finished = checkpoint.extra.get("finished", {}).get("inputs", {})
+            note = ("  final: the pipeline finished" if "final" in checkpoint.extra
+                    else f"  finished inputs: {', '.join(sorted(finished))}" if finished else "")
         except (CorruptFileError, FileNotFoundError):
             pending = "torn"
-        print(f"{format_batch_time(int(entry['time'])):<26} {pending:>7}  {entry['name']}")
+        print(f"{format_batch_time(int(entry['time'])):<26} {pending:>7}  {entry['name']}{note}")
     return 0
 
 
