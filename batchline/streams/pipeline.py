@@ -149,7 +149,10 @@ class PipelineRuntime:
         partitions' finish with their progress."""
         for stream in self.inputs:
             finished = report.get("inputs", {}).get(stream.name)
-            if finished is not None:
+            if finished is not None and not stream.node.bounded:
+                logger.info("Input %s had ended before the restart and is now unbounded: it goes on from its "
+                            "position", stream.name)
+            elif finished is not None:
                 stream.restore_finished(int(finished))
                 logger.info("Input %s finished before the restart (after batch %s); it is not read again",
                             stream.name, format_batch_time(int(finished)))
