@@ -71,8 +71,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
         pipeline.restore_allocations(last_logged, allocations, advance=True)
         restored[last_logged] = allocations
     pipeline.recover_after_restart()
-    pipeline.restore_progress(_last_committed_progress(checkpoints, checkpoint, last_logged, interval,
-                                                       pipeline.max_input_remember_ms))
+    pipeline.restore_progress(_last_committed_progress(checkpoints, checkpoint, last_logged, interval))
     pipeline.open()
 
     down_times = list(range(last_logged + interval, restart_time, interval))
@@ -94,10 +93,15 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
 
 
 def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpoint, last_logged: int,
-                             interval: int, remember_ms: int) -> dict[str, dict[str, Any]]:
-    """Operators' progress as of the newest committed batch (its commit marker)."""
-    oldest = max(checkpoint.zero_time, checkpoint.time - remember_ms)
-    for time in range(last_logged, oldest, -interval):
+                             interval: int) -> dict[str, dict[str, Any]]:
+    """Operators' progress as of the newest committed batch (its commit marker).
+
+    The checkpoint holds the progress of the last batch committed when it was written, which
+    may lie far behind its time (generation runs ahead of processing); every batch committed
+    after it was written is one of its pending batches or a later one, so the newest marker
+    is searched from the last logged batch down to its oldest pending batch."""
+    oldest = min([checkpoint.time, *checkpoint.pending_times])
+    for time in range(last_logged, oldest - interval, -interval):
         commit = checkpoints.events.completed(time)
         if commit is not None:
             return dict(commit.get("operators", {}))
