@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 from batchline.batch_time import format_batch_time
 
 __all__ = [
@@ -10,6 +12,8 @@ __all__ = [
     "NoOutputOperationError",
     "ContextStateError",
     "BatchFailedError",
+    "describe_job",
+    "short_cause",
     "SourceError",
     "SinkError",
     "JavaNotFoundError",
@@ -19,9 +23,16 @@ __all__ = [
 class BatchlineError(Exception):
     """Root of every error batchline raises on purpose."""
 
+    retryable: ClassVar[bool] = True
+    """Whether running a failed batch again may succeed. False for errors that the same input
+    raises the same way every time (a bad setting, a bug in a state function): the scheduler
+    stops at once instead of retrying (``batchline.scheduler.retry``)."""
+
 
 class ConfigurationError(BatchlineError, ValueError):
     """A setting is malformed or inconsistent (interval, path, format, ...)."""
+
+    retryable = False
 
 
 class NoOutputOperationError(ConfigurationError):
@@ -30,6 +41,8 @@ class NoOutputOperationError(ConfigurationError):
 
 class ContextStateError(BatchlineError, RuntimeError):
     """An operation does not fit the streaming context's lifecycle state."""
+
+    retryable = False
 
 
 class SourceError(BatchlineError):
@@ -45,20 +58,34 @@ class SinkError(BatchlineError):
 
 
 class BatchFailedError(BatchlineError):
-    """A job of a batch failed; the pipeline stops and the batch is not marked processed."""
+    """A job of a batch failed (after ``attempts`` runs of the batch); the pipeline stops and
+    the batch is not marked processed, so the next start runs it again."""
 
-    def __init__(self, batch_time: int, job_name: str, cause: BaseException) -> None:
+    def __init__(self, batch_time: int, job_name: str, cause: BaseException, attempts: int = 1) -> None:
         self.batch_time = batch_time
         self.job_name = job_name
         self.cause = cause
-        detail = _short_cause(cause)
+        self.attempts = attempts
+        detail = short_cause(cause)
+        tries = f" after {attempts} attempts" if attempts > 1 else ""
         super().__init__(
-            f"batch {format_batch_time(batch_time)} ({batch_time} ms) failed in output "
-            f"'{job_name}': {detail}. Fix the cause and start the pipeline again."
+            f"batch {format_batch_time(batch_time)} ({batch_time} ms) failed in {describe_job(job_name)}{tries}: "
+            f"{detail}. Fix the cause and start the pipeline again: a batch that was not committed runs again."
         )
 
 
-def _short_cause(cause: BaseException) -> str:
+def describe_job(job_name: str) -> str:
+    """What a batch's job is, for people: ``state:sessions`` is operator 'sessions',
+    ``read:files`` reads input 'files', anything else is an output."""
+    kind, _, name = job_name.partition(":")
+    if name and kind == "state":
+        return f"operator '{name}'"
+    if name and kind == "read":
+        return f"input '{name}'"
+    return f"output '{job_name}'"
+
+
+def short_cause(cause: BaseException) -> str:
     """The useful first line of an error, without the JVM stack trace that Py4J appends."""
     text = str(cause).strip() or type(cause).__name__
     if isinstance(cause, BatchlineError):

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Mapping
 
 from pyspark.sql import SparkSession
 
-from batchline.errors import JavaNotFoundError
+from batchline.errors import ConfigurationError, JavaNotFoundError
+from batchline.exclusion import ExcludeOnFailure, check_exclusion_conf, same_value, translate_legacy_conf
 
-__all__ = ["local_spark_session", "check_java", "REQUIRED_JAVA"]
+__all__ = ["local_spark_session", "session_conf", "check_java", "REQUIRED_JAVA"]
+
+logger = logging.getLogger(__name__)
 
 REQUIRED_JAVA = 17  # Spark 4 runs on Java 17 or 21
 _VERSION = re.compile(r'version "(\d+)(?:\.(\d+))?')
@@ -46,10 +51,49 @@ def check_java() -> str:
     return java
 
 
+def session_conf(
+    *, shuffle_partitions: int = 4, ui: bool = False, conf: Mapping[str, object] | None = None,
+    exclude_on_failure: ExcludeOnFailure | None = None,
+) -> dict[str, str]:
+    """Every setting ``local_spark_session`` gives Spark, checked.
+
+    In order: batchline's defaults (few shuffle partitions, UTC, no progress bars), then
+    ``conf`` (your Spark settings, which win; old ``spark.blacklist.*`` names are translated
+    with a WARN), then ``exclude_on_failure``'s settings, which must agree with any of the same
+    keys in ``conf``. Exclusion settings are checked the way Spark checks them at start.
+    """
+    settings = {
+        "spark.ui.enabled": str(ui).lower(),
+        "spark.sql.shuffle.partitions": str(shuffle_partitions),
+        "spark.sql.session.timeZone": "UTC",
+        "spark.ui.showConsoleProgress": "false",
+    }
+    user = translate_legacy_conf(conf or {})
+    settings.update(user)
+    if exclude_on_failure is not None:
+        for key, value in exclude_on_failure.spark_conf().items():
+            if key in user and not same_value(key, user[key], value):
+                raise ConfigurationError(
+                    f"{key} is {user[key]!r} in conf but {value!r} in exclude_on_failure; set it in one place"
+                )
+            settings[key] = value
+    check_exclusion_conf(settings)
+    return settings
+
+
 def local_spark_session(
-    master: str = "local[*]", app_name: str = "batchline", shuffle_partitions: int = 4, ui: bool = False
+    master: str = "local[*]", app_name: str = "batchline", shuffle_partitions: int = 4, ui: bool = False, *,
+    conf: Mapping[str, object] | None = None, exclude_on_failure: ExcludeOnFailure | None = None,
 ) -> SparkSession:
-    """A session whose Python workers run this interpreter, with few shuffle partitions."""
+    """A session whose Python workers run this interpreter, with few shuffle partitions.
+
+    ``conf``: more Spark settings; ``exclude_on_failure``: Spark's exclusion of failing
+    executors and nodes (see ``session_conf``). Settings of Spark itself (not ``spark.sql.*``)
+    take effect only when this starts Spark: if a session is already running, the ones it
+    does not have are named in a WARN.
+    """
+    settings = session_conf(shuffle_partitions=shuffle_partitions, ui=ui, conf=conf,
+                            exclude_on_failure=exclude_on_failure)
     if SparkSession.getActiveSession() is None:
         check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
@@ -58,14 +102,16 @@ def local_spark_session(
         # A host name that resolves to a loopback address makes Spark warn and guess an interface;
         # a local master needs none but loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    spark = (
-        SparkSession.builder.master(master)
-        .appName(app_name)
-        .config("spark.ui.enabled", str(ui).lower())
-        .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
-        .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.ui.showConsoleProgress", "false")
-        .getOrCreate()
-    )
+    builder = SparkSession.builder.master(master).appName(app_name)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    running = spark.sparkContext.getConf()
+    not_applied = sorted(key for key, value in settings.items()
+                         if not key.startswith("spark.sql.") and running.get(key) != value)
+    if not_applied:
+        logger.warning("Spark was already running, so these settings did not take effect: %s. Stop the running "
+                       "session first (spark.stop()), or give them where it is created",
+                       ", ".join(f"{key}={settings[key]}" for key in not_applied))
     return spark

@@ -17,6 +17,7 @@ from batchline import (
     StreamingContext,
 )
 from batchline.clock import ManualClock
+from batchline.scheduler.retry import RetryPolicy
 from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import LogWatcher, drive_until_done
 
@@ -193,7 +194,7 @@ def test_graceful_stop_gives_up_after_its_timeout(spark):
 
 
 def test_a_failed_batch_stops_the_pipeline_and_is_raised(spark):
-    ssc, clock, recorder = make_context(spark)
+    ssc, clock, recorder = make_context(spark, retry=RetryPolicy.never())
     queue = ssc.queue_stream(frames(spark, [1]), schema=SCHEMA)
 
     def broken(df, batch_time):

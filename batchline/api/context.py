@@ -31,6 +31,7 @@ from batchline.scheduler.job_generator import GeneratorSettings, JobGenerator
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.listener import ListenerBus, StreamingListener
 from batchline.scheduler.receiver_tracker import ReceiverTracker
+from batchline.scheduler.retry import RetryPolicy
 from batchline.sources.files import FileSource
 from batchline.sources.frames import DataFrameSource
 from batchline.sources.generator import GeneratorSource
@@ -64,6 +65,11 @@ class StreamingContext:
     resumes where the last run stopped. ``checkpoint_interval`` must be a multiple of the
     batch interval; it defaults to the smallest multiple that is at least 10 seconds.
     ``keep_checkpoints`` (default 10) are retained; ``checkpoint_storage_options`` go to fsspec.
+
+    ``retry`` is how a batch whose job failed runs again (``RetryPolicy``; by default up to 4
+    runs, waiting 5 s, 10 s and 20 s; ``RetryPolicy.never()`` stops at the first failure).
+    Spark's exclusion of failing executors is set where the session is created:
+    ``local_spark_session(..., exclude_on_failure=ExcludeOnFailure(...))``.
     """
 
     def __init__(
@@ -80,6 +86,7 @@ class StreamingContext:
         keep_checkpoints: int = DEFAULT_KEEP,
         checkpoint_storage_options: dict[str, Any] | None = None,
         lease_ttl: object = "15s",
+        retry: RetryPolicy | None = None,
     ) -> None:
         self.spark = spark
         self.batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -91,6 +98,9 @@ class StreamingContext:
             else GRACEFUL_STOP_TIMEOUT_INTERVALS * self.batch_interval_ms
         )
         self.clock = clock or SystemClock()
+        if retry is not None and not isinstance(retry, RetryPolicy):
+            raise ConfigurationError(f"retry is a RetryPolicy, e.g. RetryPolicy(max_attempts=3); got {retry!r}")
+        self.retry = retry if retry is not None else RetryPolicy()
         self.checkpoint_settings = _checkpoint_settings(
             self.batch_interval_ms, checkpoint, checkpoint_interval, keep_checkpoints,
             checkpoint_storage_options, lease_ttl,
@@ -292,7 +302,7 @@ class StreamingContext:
 
         self._scheduler = JobScheduler(
             SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
-                              f"batchline-{uuid.uuid4().hex[:8]}"),
+                              f"batchline-{uuid.uuid4().hex[:8]}", self.retry),
             self.spark, self.clock, self.input_info, self._listener_bus, self._fail, commit_batch,
         )
         generator = self._generator = JobGenerator(

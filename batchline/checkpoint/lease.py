@@ -113,6 +113,11 @@ class Lease:
 
     def check(self) -> None:
         """Raise FencedError unless the lease still carries this driver's token."""
+        if self.token is None:
+            raise FencedError(
+                f"this driver released its lease on {self._storage.url} (it is stopping), so it commits nothing "
+                "more; what it did not commit runs again at the next start"
+            )
         current = self.read()
         if current is None or current.holder != self.holder or current.token != self.token:
             taker = current.describe() if current else "no driver (the lease file is gone)"

@@ -3,20 +3,22 @@
 from __future__ import annotations
 
 import concurrent.futures
+import enum
 import functools
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
-from batchline.errors import BatchFailedError
+from batchline.errors import BatchFailedError, describe_job, short_cause
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, JobSet
-from batchline.scheduler.listener import BatchInfo, ListenerBus
+from batchline.scheduler.listener import BatchInfo, ExcludedExecutor, ListenerBus
+from batchline.scheduler.retry import RetryPolicy
 
 __all__ = ["JobScheduler", "SchedulerSettings"]
 
@@ -32,14 +34,31 @@ class SchedulerSettings:
     concurrent_jobs: int
     graceful_stop_timeout_ms: int
     job_group_prefix: str
+    retry: RetryPolicy = field(default_factory=RetryPolicy.never)
+    """How a batch whose job failed runs again (SPEC H3)."""
+
+
+class _Verdict(enum.Enum):
+    """What follows a failed run of a batch."""
+
+    RETRY = "retry"
+    GIVE_UP = "give up"
+    STOPPED = "stopped"
+
+
+def _batch(batch_time: int) -> str:
+    return f"{format_batch_time(batch_time)} ({batch_time} ms)"
 
 
 class JobScheduler:
     """Runs job sets, at most ``concurrent_jobs`` batches at a time, in submission order.
 
     The jobs of one batch run one after another on the same thread, inside a Spark job group
-    named after the batch, so an immediate stop can cancel exactly the running batches. Once
-    they all succeeded, ``commit(batch_time)`` commits the batch on that same thread.
+    named after the batch, so an immediate stop can cancel exactly the running batches. When
+    one fails, the batch's jobs run again after a backoff on the clock, as ``settings.retry``
+    allows; a stop cuts the wait short. Once they all succeeded, ``commit(batch_time)``
+    commits the batch on that same thread. ``excluded_executors`` tells which executors Spark
+    excluded, for the listeners' batch information.
     """
 
     def __init__(
@@ -51,6 +70,7 @@ class JobScheduler:
         listener_bus: ListenerBus,
         on_error: Callable[[BaseException], None],
         commit: Callable[[int], None],
+        excluded_executors: Callable[[], list[ExcludedExecutor]] | None = None,
     ) -> None:
         self.settings = settings
         self._spark = spark
@@ -59,19 +79,22 @@ class JobScheduler:
         self._listener_bus = listener_bus
         self._on_error = on_error
         self._commit = commit
+        self._excluded_executors = excluded_executors or list
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.concurrent_jobs, thread_name_prefix="batchline-job"
         )
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[None]] = {}
         self._cancelling = False
+        self._stop_waiting = threading.Event()
+        """Set on stop: a batch waiting to retry gives up at once."""
 
     # ---------------------------------------------------------------- submission
     def submit_job_set(self, job_set: JobSet) -> None:
         if not job_set.jobs:
             # Still reported: the batch took its input, and listeners see every batch time.
             logger.info("No jobs added for time %d ms", job_set.time)
-        self._listener_bus.post("on_batch_submitted", self._info(job_set))
+        self._listener_bus.post("on_batch_submitted", self._info(job_set, 0))
         future = self._executor.submit(self._run_job_set, job_set)
         with self._lock:
             self._futures[job_set.time] = future
@@ -89,6 +112,8 @@ class JobScheduler:
 
     # ---------------------------------------------------------------- execution
     def _run_job_set(self, job_set: JobSet) -> None:
+        """Run the batch's jobs, again after a backoff while the retry policy allows (SPEC H3),
+        then commit it. A batch that fails for good is reported, uncommitted."""
         if self._cancelling:
             return
         spark_context = self._spark.sparkContext
@@ -97,45 +122,87 @@ class JobScheduler:
         )
         job_set.processing_start_time = self._clock.now_ms()
         job_set.move_to(BatchState.RUNNING)
-        self._listener_bus.post("on_batch_started", self._info(job_set))
+        attempts = 1
+        self._listener_bus.post("on_batch_started", self._info(job_set, attempts))
+        while (failure := self._run_jobs(job_set)) is not None:
+            job_name, cause = failure
+            verdict = self._after_failure(job_set, job_name, cause, attempts)
+            if verdict is not _Verdict.RETRY:
+                self._fail(job_set, BatchFailedError(job_set.time, job_name, cause, attempts), attempts,
+                           stopped=verdict is _Verdict.STOPPED)
+                return
+            attempts += 1
+        job_set.processing_end_time = self._clock.now_ms()
         try:
-            for job in job_set.jobs:
-                logger.debug("Starting job %s of batch %d", job.name, job.batch_time)
-                try:
-                    job.run()
-                except BaseException as cause:
-                    raise BatchFailedError(job_set.time, job.name, cause) from cause
-            job_set.processing_end_time = self._clock.now_ms()
-            try:
-                self._commit(job_set.time)
-            except BaseException as cause:
-                raise BatchFailedError(job_set.time, "commit", cause) from cause
-        except BatchFailedError as error:
-            job_set.processing_end_time = self._clock.now_ms()
-            job_set.failure = str(error)
-            job_set.move_to(BatchState.FAILED)
-            self._finish(job_set)
-            if self._cancelling:
-                logger.info("Batch %d was cancelled by an immediate stop", job_set.time)
-            else:
-                self.report_error(f"Error running job of batch {job_set.time}", error)
+            # Not retried: the commit marker may already be written, and a fenced driver must stop.
+            self._commit(job_set.time)
+        except BaseException as cause:
+            self._fail(job_set, BatchFailedError(job_set.time, "commit", cause, attempts), attempts,
+                       stopped=self._cancelling)
             return
         job_set.move_to(BatchState.COMPLETED)
-        self._finish(job_set)
+        self._finish(job_set, attempts)
         logger.info(
-            "Finished jobs of time %d ms (total delay %d ms, processing %d ms)",
+            "Finished jobs of time %d ms (total delay %d ms, processing %d ms%s)",
             job_set.time, job_set.processing_end_time - job_set.time,
             job_set.processing_end_time - job_set.processing_start_time,
+            f", {attempts} attempts" if attempts > 1 else "",
         )
+
+    def _run_jobs(self, job_set: JobSet) -> tuple[str, BaseException] | None:
+        """Run every job of the batch in order; the first one that fails and why, or None."""
+        for job in job_set.jobs:
+            logger.debug("Starting job %s of batch %d", job.name, job.batch_time)
+            try:
+                job.run()
+            except BaseException as cause:
+                return job.name, cause
+        return None
+
+    def _after_failure(self, job_set: JobSet, job_name: str, cause: BaseException, attempt: int) -> _Verdict:
+        """Decide whether run ``attempt`` of the batch is followed by another; wait the backoff if so."""
+        if self._cancelling or self._stop_waiting.is_set():
+            return _Verdict.STOPPED
+        policy = self.settings.retry
+        if not policy.should_retry(cause, attempt):
+            if attempt < policy.max_attempts:
+                logger.warning("Batch %s failed in %s with an error that the same input raises the same way "
+                               "every time; not retrying: %s", _batch(job_set.time), describe_job(job_name),
+                               short_cause(cause))
+            return _Verdict.GIVE_UP
+        delay_ms = policy.backoff_ms(attempt)
+        resume_at = self._clock.now_ms() + delay_ms  # fixed before anyone hears of the wait
+        logger.warning("Batch %s failed in %s (attempt %d of %d): %s; retrying in %d ms",
+                       _batch(job_set.time), describe_job(job_name), attempt, policy.max_attempts,
+                       short_cause(cause), delay_ms)
+        job_set.failure = f"{describe_job(job_name)}: {short_cause(cause)}"
+        self._listener_bus.post("on_batch_retrying", self._info(job_set, attempt))
+        job_set.failure = None
+        if not self._clock.wait_until(resume_at, self._stop_waiting):
+            return _Verdict.STOPPED
+        logger.info("Running batch %s again (attempt %d of %d)", _batch(job_set.time), attempt + 1,
+                    policy.max_attempts)
+        return _Verdict.RETRY
+
+    def _fail(self, job_set: JobSet, error: BatchFailedError, attempts: int, stopped: bool) -> None:
+        job_set.processing_end_time = self._clock.now_ms()
+        job_set.failure = str(error)
+        job_set.move_to(BatchState.FAILED)
+        self._finish(job_set, attempts)
+        if stopped:
+            logger.info("Batch %d was cancelled by the stop; it was not committed, so the next start runs it",
+                        job_set.time)
+        else:
+            self.report_error(f"Error running job of batch {job_set.time}", error)
 
     def _forget_future(self, batch_time: int, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.pop(batch_time, None)
 
-    def _finish(self, job_set: JobSet) -> None:
-        self._listener_bus.post("on_batch_completed", self._info(job_set))
+    def _finish(self, job_set: JobSet, attempts: int) -> None:
+        self._listener_bus.post("on_batch_completed", self._info(job_set, attempts))
 
-    def _info(self, job_set: JobSet) -> BatchInfo:
+    def _info(self, job_set: JobSet, attempts: int) -> BatchInfo:
         # Sources that count while the batch runs (files) replace their statistics then.
         return BatchInfo(
             batch_time=job_set.time,
@@ -145,7 +212,16 @@ class JobScheduler:
             input_infos=self._input_info.get_info(job_set.time) or job_set.input_infos,
             failure=job_set.failure,
             state_operators=self._input_info.get_operators(job_set.time),
+            attempts=attempts,
+            excluded_executors=self._excluded() if attempts else [],
         )
+
+    def _excluded(self) -> list[ExcludedExecutor]:
+        try:
+            return list(self._excluded_executors())
+        except Exception:
+            logger.exception("Could not tell which executors are excluded; reporting none for this batch")
+            return []
 
     # ---------------------------------------------------------------- stopping
     def wait_for_running_jobs(self, timeout_s: float) -> bool:
@@ -155,8 +231,9 @@ class JobScheduler:
         return not not_done
 
     def cancel_all(self) -> None:
-        """Cancel queued batches and the Spark jobs of running ones."""
+        """Cancel queued batches, the Spark jobs of running ones, and waits before a retry."""
         self._cancelling = True
+        self._stop_waiting.set()
         with self._lock:
             futures = dict(self._futures)
         for batch_time, future in futures.items():
@@ -165,7 +242,20 @@ class JobScheduler:
                 self._spark.sparkContext.cancelJobGroup(self._group_id(batch_time))
 
     def shutdown(self, graceful: bool) -> None:
-        if not graceful:
+        """Stop running batches, so that none runs on once the checkpoint lease is given up.
+
+        A graceful stop has already waited for them (up to its timeout); the batches still
+        queued or running then (a backlog, or batches slower than the interval) are cancelled
+        and named: they were not committed, and the next start runs them. A batch waiting to
+        retry gives up the same way."""
+        self._stop_waiting.set()
+        with self._lock:
+            unfinished = sorted(t for t, future in self._futures.items() if not future.done())
+        if graceful and unfinished:
+            logger.warning("The graceful stop timed out with %d batches not finished (%s); cancelling them. They "
+                           "were not committed, so the next start runs them", len(unfinished),
+                           ", ".join(format_batch_time(t) for t in unfinished))
+        if unfinished or not graceful:
             self.cancel_all()
             if not self.wait_for_running_jobs(_CANCEL_GRACE_S):
                 logger.warning("Some batch jobs did not return %.0f s after being cancelled", _CANCEL_GRACE_S)

@@ -1,4 +1,4 @@
-"""Batch lifecycle events for listeners (SPEC A4): submitted, started, completed."""
+"""Batch lifecycle events for listeners (SPEC A4, H2, H3): submitted, started, retrying, completed."""
 
 from __future__ import annotations
 
@@ -9,9 +9,19 @@ from typing import Any
 
 from batchline.scheduler.input_info import StreamInputInfo
 
-__all__ = ["BatchInfo", "StreamingListener", "ListenerBus"]
+__all__ = ["BatchInfo", "ExcludedExecutor", "StreamingListener", "ListenerBus"]
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ExcludedExecutor:
+    """An executor Spark stopped scheduling tasks on after too many failures (exclude-on-failure)."""
+
+    executor_id: str
+    host: str
+    since_ms: int
+    """When it was excluded, in epoch milliseconds."""
 
 
 @dataclass(frozen=True)
@@ -22,8 +32,14 @@ class BatchInfo:
     processing_end_time: int | None = None
     input_infos: dict[int, StreamInputInfo] = field(default_factory=dict)
     failure: str | None = None
+    """Why the batch failed; while it is retrying (``on_batch_retrying``), why the last run failed."""
     state_operators: dict[str, Any] = field(default_factory=dict)
     """Each stateful operator's ``StateOperatorProgress`` for the batch, by operator name."""
+    attempts: int = 0
+    """How many times the batch's jobs have run so far: 0 when submitted, 1 when started, more
+    after retries (SPEC H3)."""
+    excluded_executors: list[ExcludedExecutor] = field(default_factory=list)
+    """Executors Spark excluded for failures, as the batch ended (SPEC H2); empty when none are."""
 
     @property
     def scheduling_delay_ms(self) -> int | None:
@@ -66,6 +82,9 @@ class StreamingListener:
 
     def on_batch_started(self, info: BatchInfo) -> None:
         pass
+
+    def on_batch_retrying(self, info: BatchInfo) -> None:
+        """Run ``info.attempts`` of the batch failed (``info.failure``); it runs again after a backoff."""
 
     def on_batch_completed(self, info: BatchInfo) -> None:
         pass

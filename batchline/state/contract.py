@@ -278,6 +278,8 @@ class StateFunctionError(BatchlineError):
     """The state function raised (or returned something unusable) for a key. Fix the
     function and start the pipeline again: the failed batch re-runs from the state before it."""
 
+    retryable = False  # the same keys and state fail the same way: no batch retry (SPEC H3)
+
     def __init__(self, payload: TaskErrorPayload) -> None:
         self.payload = payload
         self.kind = ErrorKind(payload.kind)

@@ -1,0 +1,47 @@
+"""A graceful stop that times out while a batch still runs: the batch is cancelled before the
+lease is given up, named in the log, left uncommitted, and run by the next start."""
+
+import logging
+import time
+
+from batchline import StreamingContext
+from batchline.scheduler.retry import RetryPolicy
+from batchline.testing import BatchRecorder
+from tests.helpers import LogWatcher
+
+
+def test_a_timed_out_graceful_stop_cancels_the_running_batch_before_releasing_the_lease(spark, tmp_path):
+    checkpoint = str(tmp_path / "checkpoint")
+    seen: list[int] = []
+
+    def slow(df, batch_time):
+        seen.append(int(batch_time))
+        df.rdd.map(lambda row: time.sleep(20)).count()  # a Spark job the stop must cancel
+
+    ssc = StreamingContext(spark, "200ms", checkpoint=checkpoint, graceful_stop_timeout="500ms",
+                           retry=RetryPolicy.never())
+    ssc.generator_stream(10, partitions=1, name="events").foreach_batch(slow, name="slow")
+    with LogWatcher() as log:
+        ssc.start()
+        while not seen:
+            time.sleep(0.05)
+        began = time.monotonic()
+        ssc.stop(graceful=True)
+        took = time.monotonic() - began
+    stuck = seen[0]
+    errors = [r.getMessage() for r in log.records if r.levelno >= logging.ERROR]
+    assert errors == [], errors  # no FencedError about this driver's own released lease
+    assert any("graceful stop timed out with" in m and "cancelling them" in m for m in log.messages())
+    assert took < 15  # cancelled, not waited out
+    assert not ssc.checkpoint_manager.events.is_completed(stuck)
+
+    again = StreamingContext(spark, "200ms", checkpoint=checkpoint)
+    recorder = BatchRecorder()
+    again.add_listener(recorder)
+    again.generator_stream(10, partitions=1, name="events").foreach_batch(lambda df, t: df.count(), name="slow")
+    again.start()
+    try:
+        info = recorder.wait_for_batch(stuck, 60)
+        assert info.failure is None
+    finally:
+        again.stop()
