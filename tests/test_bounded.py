@@ -11,6 +11,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
 
 from batchline import ConfigurationError, ContextState, StreamingContext
+from batchline.checkpoint.events import EVENTS, JobEventStore
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.cli.main import main
@@ -164,6 +165,26 @@ def test_processing_time_state_at_the_end_is_kept_or_timed_out(spark, tmp_path, 
         assert len(sink.all_rows()) == 3 and sorted(r.key for r in state) == ["a", "b"]
     else:  # every key timed out and emitted its count once more
         assert len(sink.all_rows()) == 5 and state == []
+
+
+def test_the_final_state_stays_readable_once_the_records_of_its_last_batch_are_purged(spark, tmp_path):
+    """Batches after the pipeline finished commit on (until it stops, or for good when it runs
+    on in part), and clean-up purges the records of the operator's last batch: its state is
+    still the newest committed version."""
+    location = str(tmp_path / "checkpoint")
+    ssc = StreamingContext(spark, "200ms", checkpoint=location)
+    rows = list_stream(ssc, [[("a", 1), ("b", 2)], [("a", 3)], END], "key string, value long", bounded=True)
+    rows.group_by_key("key").flat_map_groups_with_state(
+        running_count, state_schema=Count, output_schema="key string, count long", name="counts",
+        num_partitions=2).foreach_batch(CollectSink())
+    assert ssc.run_until_finished(timeout=60)
+    storage = CheckpointStorage(location)
+    newest = max(int(name) for name in storage.list_names(EVENTS) if name.isdigit())
+    events = JobEventStore(storage)
+    events.batch_completed(newest + 10_000, token=None)
+    events.purge_before(newest + 10_000)
+    assert {r["key"]: (r["count"], r["total"]) for r in read_state(spark, location, "counts").collect()} == {
+        "a": (2, 4), "b": (1, 2)}
 
 
 def test_generator_total_ends_in_rate_limited_batches(spark, tmp_path):

@@ -83,3 +83,15 @@ def test_old_batches_are_purged_and_forgotten_finishes_are_gone(tmp_path):
     assert events.finished(3000, "sessions", 0, 1) is None
     assert events.purge_before(3000) == 2
     assert events.started(1000) is None and events.started(3000) == {}
+
+
+def test_a_purge_keeps_the_newest_commit_marker(tmp_path):
+    """A finished operator's last state version is known committed by the newest marker, even
+    once idle batches after it moved the purge threshold past it."""
+    events = store(tmp_path)
+    for t in (1000, 2000, 3000):
+        events.batch_started(t, {}, token=1)
+    events.batch_completed(1000, token=1)
+    events.batch_completed(2000, token=1)
+    assert events.purge_before(4000) == 2
+    assert events.is_completed(2000) and not events.is_completed(1000) and events.started(3000) is None

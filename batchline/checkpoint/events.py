@@ -186,10 +186,14 @@ class JobEventStore:
 
     # ---------------------------------------------------------------- clean-up
     def purge_before(self, threshold_time: int) -> int:
-        """Delete the records of batches older than ``threshold_time`` (metadata stays bounded, SPEC E6)."""
+        """Delete the records of batches older than ``threshold_time`` (metadata stays bounded,
+        SPEC E6), except the newest commit marker: it tells which state versions are committed
+        after the batches that wrote them (a finished operator's last one) were purged."""
+        times = sorted((int(name) for name in self.storage.list_names(EVENTS) if name.isdigit()), reverse=True)
+        newest_committed = next((t for t in times if self.is_completed(t)), None)
         removed = 0
-        for name in self.storage.list_names(EVENTS):
-            if name.isdigit() and int(name) < threshold_time:
-                self.storage.delete(f"{EVENTS}/{name}", recursive=True)
+        for batch_time in times:
+            if batch_time < threshold_time and batch_time != newest_committed:
+                self.storage.delete(_batch_dir(batch_time), recursive=True)
                 removed += 1
         return removed

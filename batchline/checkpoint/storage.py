@@ -175,8 +175,9 @@ class CheckpointStorage:
             self.fs.invalidate_cache(path)
 
     def read(self, relative: str) -> bytes:
-        with self.fs.open(self.path(relative), "rb") as handle:
-            return handle.read()
+        # One GET: a file object would look the object up first and then refuse to read it
+        # (FileExpired) when it was replaced in between, as the lease is while it is renewed.
+        return bytes(self.fs.cat_file(self.path(relative)))
 
     def read_sealed(self, relative: str) -> dict[str, Any]:
         return unseal(self.read(relative), self.full_url(relative))

@@ -69,11 +69,21 @@ def _versions(files: FileStateStore, metadata: StateMetadata) -> list[int]:
     events = JobEventStore(files.storage)
     per_partition = [files.list_versions(metadata.generation, p) for p in range(metadata.num_partitions)]
     common = set(per_partition[0]).intersection(*per_partition[1:])
+    logged = {int(name) for name in files.storage.list_names(EVENTS) if name.isdigit()}
+    newest_committed = next((t for t in sorted(logged, reverse=True) if events.is_completed(t)), None)
+
+    def committed(version: int) -> bool:
+        if version in logged:
+            return events.is_completed(version)
+        # Its records were purged, which only happens once later checkpoints no longer need
+        # them; and batches with state commit in order. A finished operator's last version
+        # lies far behind the idle batches that follow it.
+        return newest_committed is not None and version <= newest_committed
+
     # Readable: committed (a snapshot is only ever written for a committed version) and held by
     # every partition. Clean-up deletes only what lies below a snapshot, so each such version
     # can be built from a snapshot or from the first delta on.
-    return [v for v in sorted(common)
-            if any(SNAPSHOT in p[v] for p in per_partition) or events.is_completed(v)]
+    return [v for v in sorted(common) if any(SNAPSHOT in p[v] for p in per_partition) or committed(v)]
 
 
 def _latest(files: FileStateStore, metadata: StateMetadata) -> int:
