@@ -39,3 +39,14 @@ def s3_endpoint():
     yield {"key": "testing", "secret": "testing",
            "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def standalone_cluster(tmp_path_factory):
+    """A Spark standalone master and two one-core workers, separate JVMs on 127.0.0.1 (see
+    tests/cluster.py). Fails, never skips, when they do not come up."""
+    from tests.cluster import StandaloneCluster
+
+    cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
+    yield cluster
+    cluster.stop()

@@ -105,3 +105,14 @@ def test_cli_with_an_old_java_names_the_version_found(tmp_path):
     assert f"{fake} (from PATH) is Java 11" in result.stderr, result.stderr
     assert "Spark needs Java 17 or newer" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
+
+
+def test_the_batch_summary_names_retries_and_excluded_executors():
+    from batchline.cli.progress import summary_line
+    from batchline.scheduler.listener import BatchInfo, ExcludedExecutor
+
+    info = BatchInfo(1_795_000_000_000, 1_795_000_000_000, 1_795_000_000_100, 1_795_000_000_900, attempts=2,
+                     excluded_executors=[ExcludedExecutor("3", "10.0.0.7", 1_795_000_000_500)])
+    line = summary_line(info)
+    assert "ran 2 times" in line
+    assert "excluded executors: 3 on 10.0.0.7 since 2026-11-18T" in line

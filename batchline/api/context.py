@@ -26,8 +26,9 @@ from batchline.clock import Clock, SystemClock
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.recovery import BatchCommit
+from batchline.scheduler.executors import ExecutorMonitor
 from batchline.scheduler.input_info import InputInfoTracker
-from batchline.scheduler.job_generator import GeneratorSettings, JobGenerator
+from batchline.scheduler.job_generator import GeneratorSettings, JobGenerator, default_max_batches_ahead
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.listener import ListenerBus, StreamingListener
 from batchline.scheduler.receiver_tracker import ReceiverTracker
@@ -66,6 +67,13 @@ class StreamingContext:
     batch interval; it defaults to the smallest multiple that is at least 10 seconds.
     ``keep_checkpoints`` (default 10) are retained; ``checkpoint_storage_options`` go to fsspec.
 
+    ``max_batches_ahead`` is how many batches may be generated and not yet committed at once
+    (default ``concurrent_jobs + 1``, at least 2, so a batch is ready whenever one commits).
+    After down time every missed batch is due at once, and generating a batch takes its input
+    and logs it; generating them all before the first commits would hold back that batch's
+    checkpoint, so the rest wait in order and are generated as earlier ones commit. A very large
+    number (``10**9``) generates every due batch at once, as Spark Streaming does.
+
     ``retry`` is how a batch whose job failed runs again (``RetryPolicy``; by default up to 4
     runs, waiting 5 s, 10 s and 20 s; ``RetryPolicy.never()`` stops at the first failure).
     Spark's exclusion of failing executors is set where the session is created:
@@ -87,6 +95,7 @@ class StreamingContext:
         checkpoint_storage_options: dict[str, Any] | None = None,
         lease_ttl: object = "15s",
         retry: RetryPolicy | None = None,
+        max_batches_ahead: int | None = None,
     ) -> None:
         self.spark = spark
         self.batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -115,6 +124,7 @@ class StreamingContext:
         """The running pipeline, once started."""
         self._listener_bus = ListenerBus()
         self._concurrent_jobs = concurrent_jobs
+        self.max_batches_ahead = _max_batches_ahead(max_batches_ahead, concurrent_jobs)
         self._state = ContextState.INITIALIZED
         self._state_lock = threading.Lock()
         self._terminated = threading.Event()
@@ -304,11 +314,12 @@ class StreamingContext:
             SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
                               f"batchline-{uuid.uuid4().hex[:8]}", self.retry),
             self.spark, self.clock, self.input_info, self._listener_bus, self._fail, commit_batch,
+            ExecutorMonitor(self.spark, self.clock).excluded,
         )
         generator = self._generator = JobGenerator(
-            GeneratorSettings(self.batch_interval_ms, self.graceful_stop_timeout_ms), commit, self.clock,
-            self.receiver_tracker, self.input_info, self._scheduler.submit_job_set, self._scheduler.report_error,
-            self._checkpoints,
+            GeneratorSettings(self.batch_interval_ms, self.graceful_stop_timeout_ms, self.max_batches_ahead), commit,
+            self.clock, self.receiver_tracker, self.input_info, self._scheduler.submit_job_set,
+            self._scheduler.report_error, self._checkpoints,
         )
         try:
             generator.start(checkpoint)
@@ -448,6 +459,18 @@ class StreamingContext:
             self._error = error
         threading.Thread(target=self.stop, kwargs={"graceful": False}, name="batchline-stop-on-error",
                          daemon=True).start()
+
+
+def _max_batches_ahead(value: object, concurrent_jobs: int) -> int:
+    if value is None:
+        return default_max_batches_ahead(concurrent_jobs)
+    if isinstance(value, bool) or not isinstance(value, int) or value < concurrent_jobs:
+        raise ConfigurationError(
+            f"max_batches_ahead must be a whole number of batches, at least concurrent_jobs ({concurrent_jobs}) so "
+            f"that as many can run at once; got {value!r}. Leave it out for the default "
+            f"({default_max_batches_ahead(concurrent_jobs)}), or pass e.g. 10**9 for no limit"
+        )
+    return value
 
 
 def _checkpoint_settings(

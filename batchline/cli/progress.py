@@ -24,6 +24,11 @@ def summary_line(info: BatchInfo) -> str:
         parts.append(f"{progress.operator}: {progress.state_keys} keys in state, {progress.output_rows} out"
                      + (f", {progress.timed_out} timed out" if progress.timed_out else "")
                      + (f", {progress.late_rows} late" if progress.late_rows else ""))
+    if info.attempts > 1:
+        parts.append(f"ran {info.attempts} times")
+    if info.excluded_executors:
+        parts.append("excluded executors: " + ", ".join(
+            f"{e.executor_id} on {e.host} since {format_batch_time(e.since_ms)}" for e in info.excluded_executors))
     if info.failure:
         parts.append(f"FAILED: {info.failure}")
     return " | ".join(parts)

@@ -5,12 +5,19 @@ injected clock so that every path (graceful-stop timeout, restart after down tim
 a manual clock. What a batch is (its inputs, its log entry, its jobs, its checkpoint) is the
 ``Batches`` given to it; with checkpointing, checkpoints are written on the checkpoint
 interval by a writer thread of their own.
+
+Unlike Spark Streaming, at most ``max_batches_ahead`` batches are generated and not yet
+committed at a time. After down time a restart has every missed batch due at once; each
+generation takes the batch's input and logs it, so generating them all first would keep the
+first committed batch's checkpoint waiting behind all of them. The due batches wait instead,
+in time order, and each commit lets the next one be generated, after that batch's checkpoint.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -19,13 +26,21 @@ from batchline.checkpoint.manager import CheckpointManager
 from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
 from batchline.scheduler.event_loop import EventLoop
-from batchline.scheduler.events import ClearCheckpointData, ClearMetadata, DoCheckpoint, GenerateJobs, GeneratorEvent
+from batchline.scheduler.events import (
+    ClearCheckpointData,
+    ClearMetadata,
+    DoCheckpoint,
+    GenerateJobs,
+    GeneratorEvent,
+    MakeRoom,
+    RescheduleJobs,
+)
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job, JobSet
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.scheduler.timer import RecurringTimer
 
-__all__ = ["JobGenerator", "Batches", "GeneratorSettings"]
+__all__ = ["JobGenerator", "Batches", "GeneratorSettings", "default_max_batches_ahead"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +74,25 @@ class Batches(Protocol):
 class GeneratorSettings:
     batch_interval_ms: int
     graceful_stop_timeout_ms: int
+    max_batches_ahead: int | None
+    """How many batches may be generated and not yet committed at once; None: no limit, every
+    due batch is generated at once, as in Spark Streaming. After down time that holds the first
+    committed batch's checkpoint back until every missed batch is generated (issue 12)."""
+
+
+def default_max_batches_ahead(concurrent_jobs: int) -> int:
+    """One more than the job scheduler runs at once: when a batch commits, the next one is
+    already generated and starts while the room it made is filled."""
+    return max(2, concurrent_jobs + 1)
+
+
+@dataclass
+class _Backlog:
+    """Due batches waiting for earlier ones to commit, since ``since_ms``."""
+
+    since_ms: int
+    generated: int = 0
+    reported: bool = False
 
 
 class JobGenerator:
@@ -88,6 +122,11 @@ class JobGenerator:
         )
         self._lock = threading.Lock()
         self._unprocessed: set[int] = set()
+        # The event loop's own: due batch times not generated yet (oldest first), and the
+        # batches generated and not yet committed.
+        self._queued: deque[int] = deque()
+        self._in_flight: set[int] = set()
+        self._backlog: _Backlog | None = None
         self._purged_before: int | None = None
         self.zero_time: int | None = None
         self.last_processed_batch: int | None = None
@@ -106,8 +145,12 @@ class JobGenerator:
             return
         restart_time = self.timer.get_restart_time(checkpoint.zero_time)
         self.zero_time = checkpoint.zero_time
-        for batch_time in self._batches.restart(checkpoint, restart_time):
-            self._on_timer(batch_time)
+        times = tuple(self._batches.restart(checkpoint, restart_time))
+        if times:
+            # Due now, so unprocessed now (as the timer's times): a graceful stop waits for them.
+            with self._lock:
+                self._unprocessed.update(times)
+            self._event_loop.post(RescheduleJobs(times))
         self.timer.start(restart_time)
         self.start_time = restart_time
         logger.info("Restarted JobGenerator at %d ms", restart_time)
@@ -145,6 +188,9 @@ class JobGenerator:
             logger.info("Stopping JobGenerator immediately")
             self.timer.stop(interrupt=True)
         self._event_loop.stop()
+        if self._queued:  # the loop has ended, so its queue holds still
+            logger.info("%d due batches were not generated (%s to %s ms); nothing of them was logged, so the next "
+                        "start runs them as missed batches", len(self._queued), self._queued[0], self._queued[-1])
         logger.info("Stopped JobGenerator")
 
     def _all_processed_up_to(self, stop_time: int) -> bool:
@@ -161,7 +207,11 @@ class JobGenerator:
     def _process_event(self, event: GeneratorEvent) -> None:
         match event:
             case GenerateJobs(time):
-                self._generate_jobs(time)
+                self._on_due((time,))
+            case RescheduleJobs(times):
+                self._on_due(times)
+            case MakeRoom(time):
+                self._make_room(time)
             case ClearMetadata(time):
                 self._clear_metadata(time)
             case DoCheckpoint(time, clear_later):
@@ -169,6 +219,56 @@ class JobGenerator:
             case ClearCheckpointData(time):
                 self._clear_checkpoint_data(time)
 
+    # ---------------------------------------------------------------- the backlog
+    def _on_due(self, times: tuple[int, ...]) -> None:
+        # Behind any batch already waiting, so batches are generated in time order.
+        self._queued.extend(times)
+        self._note_backlog()
+        self._generate_queued()
+
+    def _generate_queued(self) -> None:
+        """Generate due batches, oldest first, while there is room."""
+        while self._queued and self._has_room():
+            self._generate_jobs(self._queued.popleft())
+            if self._backlog is not None:
+                self._backlog.generated += 1
+        if not self._queued:
+            self._end_backlog()
+
+    def _has_room(self) -> bool:
+        limit = self.settings.max_batches_ahead
+        return limit is None or len(self._in_flight) < limit
+
+    def _make_room(self, time: int) -> None:
+        """``time`` committed, and its checkpoint event was handled (MakeRoom is posted after
+        it): only now does its room let the next batch be generated, so a generation never
+        holds back the checkpoint of the commit that allowed it."""
+        self._in_flight.discard(time)
+        self._generate_queued()
+
+    def _note_backlog(self) -> None:
+        limit = self.settings.max_batches_ahead
+        if limit is None:
+            return
+        waiting = len(self._queued) - max(0, limit - len(self._in_flight))
+        if waiting <= 0:
+            return
+        if self._backlog is None:
+            self._backlog = _Backlog(self._clock.now_ms())
+        # Said once, when as many wait as may be ahead: a batch or two waiting behind a slow
+        # one is no news, and would be said again and again.
+        if not self._backlog.reported and waiting >= max(2, limit):
+            self._backlog.reported = True
+            logger.info("%d batches are due; generating them as earlier ones commit, at most %d ahead",
+                        len(self._queued) + len(self._in_flight), limit)
+
+    def _end_backlog(self) -> None:
+        backlog, self._backlog = self._backlog, None
+        if backlog is not None and backlog.reported:
+            logger.info("Worked off the backlog: %d batches generated in %d ms; batches are generated when due again",
+                        backlog.generated, self._clock.now_ms() - backlog.since_ms)
+
+    # ---------------------------------------------------------------- one batch
     def _generate_jobs(self, time: int) -> None:
         try:
             self._receiver_tracker.allocate_blocks_to_batch(time)
@@ -176,6 +276,7 @@ class JobGenerator:
         except Exception as error:
             self._report_error(f"Error generating jobs for time {time}", error)
         else:
+            self._in_flight.add(time)
             infos = self._input_info.get_info(time)
             self._submit(JobSet(time, jobs, infos, self._clock.now_ms()))
         self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=False))
@@ -190,6 +291,7 @@ class JobGenerator:
             self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=True))
         else:
             self._clear_trackers_and_mark_processed(time)
+        self._event_loop.post(MakeRoom(time))
 
     def _do_checkpoint(self, time: int, clear_checkpoint_data_later: bool) -> None:
         manager = self._checkpoints
@@ -204,7 +306,10 @@ class JobGenerator:
         self._event_loop.post(ClearCheckpointData(checkpoint.time))
 
     def pending_up_to(self, time: int) -> tuple[int, ...]:
-        """Batches generated at or before ``time`` and not yet processed."""
+        """Batches due at or before ``time`` and not yet processed. A checkpoint asks as of a
+        generated batch, and batches are generated in time order: a batch due and still queued
+        is later than ``time``, so it is never pending in a checkpoint; a restart finds it
+        unlogged and runs it as a missed batch."""
         with self._lock:
             return tuple(sorted(t for t in self._unprocessed if t <= time))
 

@@ -21,7 +21,7 @@ class ExcludedExecutor:
     executor_id: str
     host: str
     since_ms: int
-    """When it was excluded, in epoch milliseconds."""
+    """When batchline first saw it excluded (the end of that batch), in epoch milliseconds."""
 
 
 @dataclass(frozen=True)
