@@ -314,7 +314,7 @@ class StreamingContext:
             SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
                               f"batchline-{uuid.uuid4().hex[:8]}", self.retry),
             self.spark, self.clock, self.input_info, self._listener_bus, self._fail, commit_batch,
-            ExecutorMonitor(self.spark, self.clock).excluded,
+            ExecutorMonitor.of(self.spark, self.clock).excluded,
         )
         generator = self._generator = JobGenerator(
             GeneratorSettings(self.batch_interval_ms, self.graceful_stop_timeout_ms, self.max_batches_ahead), commit,

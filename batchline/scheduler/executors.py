@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
@@ -17,7 +18,7 @@ from pyspark.sql import SparkSession
 from batchline.clock import Clock
 from batchline.scheduler.listener import ExcludedExecutor
 
-__all__ = ["ExecutorMonitor", "ExecutorStatus"]
+__all__ = ["ExecutorMonitor", "ExecutorStatus", "executor_statuses"]
 
 logger = logging.getLogger(__name__)
 
@@ -29,6 +30,20 @@ class ExecutorStatus:
     excluded: bool
 
 
+def executor_statuses(spark: SparkSession) -> list[ExecutorStatus]:
+    """The live executors of ``spark``'s application, the driver excepted."""
+    # The status store has no Python API; its Scala one is reached through the JVM gateway.
+    jvm_context = spark.sparkContext._jsc.sc()  # type: ignore[union-attr]  # noqa: SLF001
+    summaries = jvm_context.statusStore().executorList(True)
+    statuses = []
+    for i in range(summaries.size()):
+        summary = summaries.apply(i)
+        if summary.id() != "driver":
+            host = summary.hostPort().rsplit(":", 1)[0]
+            statuses.append(ExecutorStatus(summary.id(), host, bool(summary.isExcluded())))
+    return statuses
+
+
 class ExecutorMonitor:
     """Reports the excluded executors, WARNs when one is excluded and when one comes back.
 
@@ -36,28 +51,19 @@ class ExecutorMonitor:
     saw it excluded: the end of the batch in which it was.
     """
 
-    def __init__(self, spark: SparkSession, clock: Clock) -> None:
-        self._spark = spark
+    def __init__(self, statuses: Callable[[], list[ExecutorStatus]], clock: Clock) -> None:
+        self._statuses = statuses
         self._clock = clock
         self._lock = threading.Lock()
         self._excluded: dict[str, ExcludedExecutor] = {}
 
-    def executors(self) -> list[ExecutorStatus]:
-        """The live executors, the driver excepted."""
-        # The status store has no Python API; its Scala one is reached through the JVM gateway.
-        jvm_context = self._spark.sparkContext._jsc.sc()  # type: ignore[union-attr]  # noqa: SLF001
-        summaries = jvm_context.statusStore().executorList(True)
-        statuses = []
-        for i in range(summaries.size()):
-            summary = summaries.apply(i)
-            if summary.id() != "driver":
-                host = summary.hostPort().rsplit(":", 1)[0]
-                statuses.append(ExecutorStatus(summary.id(), host, bool(summary.isExcluded())))
-        return statuses
+    @classmethod
+    def of(cls, spark: SparkSession, clock: Clock) -> ExecutorMonitor:
+        return cls(lambda: executor_statuses(spark), clock)
 
     def excluded(self) -> list[ExcludedExecutor]:
         now = self._clock.now_ms()
-        statuses = self.executors()
+        statuses = self._statuses()
         with self._lock:
             live = {status.executor_id for status in statuses}
             for status in statuses:
