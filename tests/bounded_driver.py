@@ -19,7 +19,6 @@ goes to stderr at INFO.
 import logging
 import os
 import sys
-import traceback
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -33,6 +32,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 from batchline import StreamingContext, StreamingListener  # noqa: E402
 from batchline.spark import local_spark_session  # noqa: E402
 from batchline.state import GroupStateTimeout  # noqa: E402
+from tests.helpers import exit_with, run_until_finished  # noqa: E402
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("value", LongType()),
                      StructField("ts", TimestampType())])
@@ -97,21 +97,8 @@ def main() -> int:
                 .flat_map_groups_with_state(sessionize, state_schema=Session, output_schema=OUTPUT_SCHEMA,
                                             timeout=GroupStateTimeout.EVENT_TIME, name="sessions", num_partitions=4))
     sessions.write_files(out, "json")
-    ssc.start()
-    print("started", flush=True)
-    if not ssc.run_until_finished():
-        print("not finished", flush=True)
-        return 1
-    print("finished", flush=True)
-    return 0
+    return run_until_finished(ssc)
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # non-daemon threads (Spark's, the pipeline's) must not keep a failed driver alive
-    sys.exit(code)
+    exit_with(main)

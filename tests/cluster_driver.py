@@ -27,7 +27,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -39,6 +38,7 @@ from batchline import StreamingContext, StreamingListener  # noqa: E402
 from batchline.exclusion import ExcludeOnFailure  # noqa: E402
 from batchline.scheduler.retry import RetryPolicy  # noqa: E402
 from batchline.spark import local_spark_session  # noqa: E402
+from tests.helpers import exit_with, run_until_finished  # noqa: E402
 
 USERS, SEED = 40, 7
 WORKER_ENV = "BATCHLINE_TEST_WORKER"
@@ -120,21 +120,8 @@ def main() -> int:
         state_schema="count long", output_schema="event string, user int, seq long",
         name="numbering", num_partitions=3)
     numbered.write_files(args.out, "json", storage_options=options)
-    ssc.start()
-    print("started", flush=True)
-    if not ssc.run_until_finished(timeout=600):
-        print("not finished", flush=True)
-        return 1
-    print("finished", flush=True)
-    return 0
+    return run_until_finished(ssc, timeout=600)
 
 
 if __name__ == "__main__":
-    try:
-        code = main()
-    except BaseException:
-        traceback.print_exc()
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(1)  # non-daemon threads (Spark's, the pipeline's) must not keep a failed driver alive
-    sys.exit(code)
+    exit_with(main)

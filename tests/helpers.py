@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchline.clock import ManualClock
@@ -93,3 +97,29 @@ def event_time_count(key, rows, state):
     state.update(Count(len(times), 0))
     state.set_timeout_timestamp(max(times), "5 seconds")
     yield {"key": key, "count": len(times)}
+
+
+def run_until_finished(ssc, timeout: float | None = None) -> int:
+    """A driver script's run: start, say ``started``, then ``finished`` (exit code 0) or ``not
+    finished`` (1) when the pipeline ends or ``timeout`` passes."""
+    ssc.start()
+    print("started", flush=True)
+    if not ssc.run_until_finished(timeout):
+        print("not finished", flush=True)
+        return 1
+    print("finished", flush=True)
+    return 0
+
+
+def exit_with(main: Callable[[], int]) -> None:
+    """Run a driver script's ``main`` and exit with its code, or with 1 on any error."""
+    try:
+        code = main()
+    except SystemExit:
+        raise
+    except BaseException:
+        traceback.print_exc()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(1)  # non-daemon threads (Spark's, the pipeline's) must not keep a failed driver alive
+    sys.exit(code)
