@@ -18,10 +18,11 @@ _UNITS_MS = {
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-z]+)\s*$")
 
 
-def parse_duration_ms(value: object, what: str = "duration") -> int:
+def parse_duration_ms(value: object, what: str = "duration", allow_zero: bool = False) -> int:
     """Read "1s", "500 ms", "1 minute", a timedelta, or a number of seconds as milliseconds.
 
-    Raises ConfigurationError for anything else and for values that are not positive.
+    Raises ConfigurationError for anything else and for values that are not positive (with
+    ``allow_zero``: negative).
     """
     if isinstance(value, bool):
         raise ConfigurationError(f"{what} must be a duration such as '1s'; got {value!r}")
@@ -42,6 +43,6 @@ def parse_duration_ms(value: object, what: str = "duration") -> int:
         )
     if ms != int(ms):
         raise ConfigurationError(f"{what} {value!r} must be a whole number of milliseconds")
-    if ms <= 0:
-        raise ConfigurationError(f"{what} must be positive; got {value!r}")
+    if ms < 0 or (ms == 0 and not allow_zero):
+        raise ConfigurationError(f"{what} must be {'zero or more' if allow_zero else 'positive'}; got {value!r}")
     return int(ms)

@@ -70,8 +70,8 @@ def test_processing_time_timeout_is_relative_to_the_batch_time(duration, deadlin
     assert s.current_processing_time_ms() == 1_000_000
 
 
-@pytest.mark.parametrize("duration", [0, -5, "0s", "soon"])
-def test_a_timeout_duration_must_be_positive(duration):
+@pytest.mark.parametrize("duration", [0, -5, "0s", "soon", 0.0, -1.5, float("nan"), float("inf"), -float("inf")])
+def test_a_timeout_duration_must_be_positive_and_finite(duration):
     with pytest.raises(ConfigurationError):
         state().set_timeout_duration(duration)
 
@@ -111,12 +111,13 @@ def test_without_a_watermark_there_is_none_to_read():
     assert s.timeout_timestamp_ms == 1
 
 
-def test_a_timed_out_key_sees_its_state_and_removing_it_drops_the_timeout():
+def test_a_timed_out_key_sees_its_state_and_removing_it_keeps_a_timeout_set_in_the_call():
+    """As Spark's GroupStateImpl.remove(): the state goes, a timeout set in the call stays."""
     s = state(Session(("a",)), timed_out=True)
     assert s.has_timed_out and s.get() == Session(("a",))
     s.set_timeout_duration("1s")
     s.remove()
-    assert s.timeout_timestamp_ms == NO_TIMESTAMP
+    assert not s.exists and s.removed and s.timeout_timestamp_ms == 1_001_000
 
 
 def test_the_timeout_index_pops_due_keys_earliest_first():

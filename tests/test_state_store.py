@@ -360,10 +360,12 @@ def test_a_failing_function_leaves_nothing_and_names_the_key(store):
     assert out == [("good", 2)]
 
 
-def test_event_time_rows_behind_the_watermark_are_dropped_and_counted():
+@pytest.mark.parametrize("timeout", list(GroupStateTimeout))
+def test_event_time_rows_behind_the_watermark_are_dropped_and_counted_under_event_time_timeouts(timeout):
+    """As Spark's FlatMapGroupsWithStateExec: late rows are dropped only with event-time timeouts."""
     store = MemoryStateStore("op")
     spec = OperatorSpec(store, 0, ("key",), KEYS, STATE, RowSchema.of("key string, count long"), running_count,
-                        True, GroupStateTimeout.NO_TIMEOUT, event_time_column="ts")
+                        True, timeout, event_time_column="ts")
     assert RowSchema.of(StructType([StructField("key", StringType()), StructField("value", LongType()),
                                     StructField("ts", TimestampType())])).arrow == INPUT  # what Spark sends
     times = pa.array([5_000_000, 9_000_000]).cast(INPUT.field("ts").type)  # 5 s and 9 s, in microseconds
@@ -371,8 +373,9 @@ def test_event_time_rows_behind_the_watermark_are_dropped_and_counted():
     reported = []
     out = list(run_partition(spec, BatchParams(1000, None, 1, 6_000), [batch], 0, reported.append,
                              cache=PartitionCache()))
-    assert out[0].to_pylist() == [{"key": "a", "count": 1}]
-    assert (reported[0].late_rows, reported[0].max_event_time_ms) == (1, 9_000)
+    dropped = timeout is GroupStateTimeout.EVENT_TIME
+    assert out[0].to_pylist() == [{"key": "a", "count": 1 if dropped else 2}]
+    assert (reported[0].late_rows, reported[0].max_event_time_ms) == (int(dropped), 9_000)
 
 
 def test_a_finished_partition_is_kept_its_output_read_back_and_a_fenced_driver_records_nothing(store, tmp_path):

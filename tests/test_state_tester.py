@@ -185,13 +185,6 @@ def test_outputs_and_state_of_the_wrong_shape_name_the_key():
     with pytest.raises(StateFunctionError, match="wrong type for key 'y'"):
         counter(wrong_state).process(rows(("y", 1)))
 
-    def timeout_without_state(key, rows, state):
-        state.set_timeout_duration("1s")
-        return []
-
-    with pytest.raises(StateFunctionError, match="call state.update"):
-        counter(timeout_without_state, timeout=GroupStateTimeout.PROCESSING_TIME).process(rows(("t", 1)))
-
 
 def test_input_schema_rows_and_compound_keys():
     @dataclass

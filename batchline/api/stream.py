@@ -71,10 +71,11 @@ class Stream:
         return self._derive(WindowNode(self.node, parse_duration_ms(window_length, "window length"), slide_ms))
 
     def with_watermark(self, event_time_column: str, delay: object) -> Stream:
-        """Track event time in ``event_time_column`` (a timestamp): stateful operators
-        downstream drop rows older than the newest event time seen minus ``delay``, count
-        them as late, and time out event-time timeouts against it (SPEC D3)."""
-        watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay"))
+        """Track event time in ``event_time_column`` (a timestamp): the watermark is the newest
+        event time seen minus ``delay`` ("0 seconds" allowed, as in Spark). Stateful operators
+        downstream time out event-time timeouts against it and, when they use event-time
+        timeouts, drop the rows older than it and count them as late (SPEC D3)."""
+        watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay", allow_zero=True))
         return self._derive(WatermarkNode(self.node, watermark))
 
     def group_by_key(self, *cols: str | Column) -> KeyedStream:

@@ -218,7 +218,6 @@ class ErrorKind(enum.Enum):
 
     RAISED = "raised"
     WRONG_STATE_TYPE = "wrong_state_type"
-    TIMEOUT_WITHOUT_STATE = "timeout_without_state"
     STATE_SCHEMA = "state_schema"
     OUTPUT_SCHEMA = "output_schema"
     STATE_ENCODING = "state_encoding"

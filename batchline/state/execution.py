@@ -150,7 +150,7 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
         return held, changed
     if held is not None and not steps and held.version == target:
         return held, []
-    entries: dict[Any, tuple[tuple[Any, ...], int | None]] = {}
+    entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]] = {}
     initial: frozenset[Any] = frozenset()
     for v, kind in steps:
         found = files.read_version(generation, partition, v, kind)
@@ -161,7 +161,7 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
     return PartitionData(target, entries, deltas, initial if deltas == 0 else frozenset()), None
 
 
-def _index_of(entries: dict[Any, tuple[tuple[Any, ...], int | None]]) -> TimeoutIndex[Any]:
+def _index_of(entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]]) -> TimeoutIndex[Any]:
     index: TimeoutIndex[Any] = TimeoutIndex()
     for key, (_, timeout) in entries.items():
         if timeout is not None:
@@ -238,7 +238,8 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
             if newest is not None:
                 newest_ms = int(newest.timestamp() * 1000)
                 stats.max_event_time_ms = max(stats.max_event_time_ms or newest_ms, newest_ms)
-            if params.watermark_ms is not None:
+            if params.watermark_ms is not None and spec.timeout is GroupStateTimeout.EVENT_TIME:
+                # As in Spark, late rows are dropped only under event-time timeouts.
                 late = pc.less(times, pa.scalar(params.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
                 late_count = pc.sum(late).as_py() or 0
                 if late_count:
@@ -384,10 +385,14 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
     batch_time = params.batch_time
     where = f"the state function of operator {spec.operator!r}"
 
+    # Spark's GroupState reads 0 until the first event time was seen; None: no watermark at all.
+    watermark = params.watermark_ms if params.watermark_ms is not None or spec.event_time_column is None else 0
+
     def call(key: Any, rows: list[tuple[Any, ...]], timed_out: bool) -> None:
         current = entries.get(key)
-        state = GroupState(make(current[0]) if current is not None else None, timeout, batch_time,
-                           params.watermark_ms, has_timed_out=timed_out)
+        value, old_deadline = current if current is not None else (None, None)
+        state = GroupState(make(value) if value is not None else None, timeout, batch_time, watermark,
+                           has_timed_out=timed_out)
         stats.keys_called += 1
         try:
             result = spec.fn(key, iter(rows), state)
@@ -398,27 +403,23 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
             raise _failure(spec, params, ErrorKind.RAISED, key,
                            f"{where} raised for key {key!r} in batch {batch_time}; fix the function and start "
                            "the pipeline again (the batch re-runs from the state before it):") from None
-        if state.removed or state.updated:
-            stats.updated += state.updated
-            stats.removed += state.removed and current is not None
+        stats.updated += state.updated
+        stats.removed += state.removed and value is not None
         deadline = state.timeout_timestamp_ms if state.timeout_timestamp_ms != NO_TIMESTAMP else None
         if state.updated:
             try:
-                value = spec.state.unmake(state.get())
+                updated = spec.state.unmake(state.get())
             except TypeError:
                 raise _failure(spec, params, ErrorKind.WRONG_STATE_TYPE, key,
                                f"{where} updated the state with a value of the wrong type for key {key!r} in batch "
                                f"{batch_time}; pass state.update() a {spec.state.describe()}:") from None
-            delta[key] = (value, deadline)
-        elif state.removed or current is None:
-            if deadline is not None:
-                raise _failure(spec, params, ErrorKind.TIMEOUT_WITHOUT_STATE, key,
-                               f"{where} set a timeout for key {key!r} in batch {batch_time} without state; "
-                               "call state.update(...) before setting a timeout", with_traceback=False)
-            if current is not None:
-                delta[key] = (None, None)
-        elif deadline != current[1]:
-            delta[key] = (current[0], deadline)
+            delta[key] = (updated, deadline)
+            return
+        # As in Spark: a key without state keeps a timeout set in the call (a timer alone), and
+        # a key left with neither state nor timeout is dropped.
+        kept = None if state.removed else value
+        if (kept, deadline) != (value, old_deadline) and (current is not None or deadline is not None):
+            delta[key] = (kept, deadline)
 
     for key, rows in groups.items():
         call(key, rows, False)
@@ -465,7 +466,7 @@ def _delta_table(spec: OperatorSpec, params: BatchParams, delta: _Delta) -> pa.T
 def _apply_delta(cached: _Cached, delta: _Delta) -> None:
     entries, index = cached.data.entries, cached.index
     for key, (value, deadline) in delta.items():
-        if value is None:
+        if value is None and deadline is None:
             entries.pop(key, None)
             index.remove(key)
         else:

@@ -92,14 +92,16 @@ def read_state_frame(spark: SparkSession, store: StateStore, metadata: StateMeta
         for batch in batches:
             for partition in batch.column(0).to_pylist():
                 data, _ = load_partition(store, state, single_key, generation, partition, version)
-                keys = list(data.entries)
+                # Keys with state; a timeout kept without state (after remove()) is no state to read.
+                held = [(k, v, t) for k, (v, t) in data.entries.items() if v is not None]
+                keys = [k for k, _, _ in held]
                 key_columns = [keys] if single_key else [list(c) for c in zip(*keys, strict=True)]
                 if not keys:
                     key_columns = [[] for _ in metadata.key_schema.fields]
-                values = [v for v, _ in data.entries.values()]
+                values = [v for _, v, _ in held]
                 state_columns = ([list(c) for c in zip(*values, strict=True)] if values
                                  else [[] for _ in state.names])
-                timeouts = [t for _, t in data.entries.values()]
+                timeouts = [t for _, _, t in held]
                 arrays = [pa.array(col, type=field.type)
                           for col, field in zip([*key_columns, *state_columns, timeouts], arrow_schema, strict=True)]
                 yield pa.RecordBatch.from_arrays(arrays, schema=arrow_schema)

@@ -1,14 +1,18 @@
 """The state of one key inside ``map_groups_with_state`` (SPEC D1).
 
-Mirrors Spark's GroupState with snake_case names, durations as text ("1 minute"), and an
-error for every misuse that says what to do instead.
+Mirrors Spark's GroupState with snake_case names, durations as text ("1 minute") or numbers
+of milliseconds, and an error for every misuse that says what to do instead. Where it
+deliberately differs from Spark, the README's "Coming from Structured Streaming" says so.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
+import decimal
 import enum
 import functools
+import math
+import numbers
 from typing import Generic, TypeVar
 
 from batchline.batch_time import format_batch_time
@@ -22,9 +26,9 @@ NO_TIMESTAMP = -1
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_text_duration(text: str) -> int:
+def _parse_text_duration(text: str, what: str) -> int:
     # Called for every key of every batch, nearly always with the same text.
-    return parse_duration_ms(text, "timeout duration")
+    return parse_duration_ms(text, what)
 
 
 class GroupStateTimeout(enum.Enum):
@@ -33,19 +37,48 @@ class GroupStateTimeout(enum.Enum):
     EVENT_TIME = "event_time"
 
 
-class NoStateError(BatchlineError, LookupError):
-    """``get()`` on a key that has no state."""
+class NoStateError(BatchlineError, LookupError, ValueError):
+    """``get()`` on a key that has no state. A ``ValueError`` too, as PySpark raises one there."""
 
 
 class TimeoutNotEnabledError(BatchlineError, RuntimeError):
     """A timeout call that the operator's timeout kind does not allow."""
 
 
+_SPARK_NAMES = {
+    "getOption": "get_option()", "hasTimedOut": "has_timed_out (a property)",
+    "setTimeoutDuration": "set_timeout_duration(...)", "setTimeoutTimestamp": "set_timeout_timestamp(...)",
+    "getCurrentWatermarkMs": "current_watermark_ms()", "getCurrentProcessingTimeMs": "current_processing_time_ms()",
+    "getTimeoutTimestampMs": "timeout_timestamp_ms (read by the operator; -1 for none)",
+    "isUpdated": "updated", "isRemoved": "removed",
+}
+
+
+def timeout_duration_ms(duration: object, what: str) -> int:
+    """A timeout duration as whole milliseconds: a number is milliseconds (as PySpark reads it),
+    a string a duration such as "2 seconds", a timedelta as it is; anything else is refused."""
+    if isinstance(duration, bool):
+        raise ConfigurationError(f"{what} is milliseconds (a number) or a duration such as '2 seconds'; got "
+                                 f"{duration!r}")
+    if isinstance(duration, (numbers.Real, decimal.Decimal)):  # Decimal is a number, not a numbers.Real
+        value = float(duration)
+        if not math.isfinite(value) or value <= 0:
+            raise ConfigurationError(f"{what} must be a positive, finite number of milliseconds; got {duration!r}")
+        return int(duration) if isinstance(duration, numbers.Integral) else math.ceil(value)
+    if isinstance(duration, str):
+        return _parse_text_duration(duration, what)
+    if isinstance(duration, _dt.timedelta):
+        return parse_duration_ms(duration, what)
+    raise ConfigurationError(f"{what} is milliseconds (a number) or a duration such as '2 seconds'; got "
+                             f"{type(duration).__name__} {duration!r}")
+
+
 class GroupState(Generic[S]):
     """What a state function sees of its key's state.
 
     ``processing_time_ms`` is the batch's time, the same for every key and every retry of
-    the batch; ``watermark_ms`` is the event-time watermark, or None without one.
+    the batch; ``watermark_ms`` is the event-time watermark (0 before any event time was
+    seen), or None in a pipeline without ``with_watermark``.
     """
 
     def __init__(
@@ -89,10 +122,10 @@ class GroupState(Generic[S]):
         self.updated, self.removed = True, False
 
     def remove(self) -> None:
-        """Drop the key's state, and its timeout with it."""
+        """Drop the key's state. A timeout set in this call stays, as in Spark: the key is
+        called again when it passes, with ``has_timed_out`` true and no state."""
         self._value = None
         self.updated, self.removed = False, True
-        self.timeout_timestamp_ms = NO_TIMESTAMP
 
     # ---------------------------------------------------------------- timeouts
     @property
@@ -101,8 +134,11 @@ class GroupState(Generic[S]):
         return self._has_timed_out
 
     def set_timeout_duration(self, duration: object) -> None:
-        """Time the key out ``duration`` ("1 minute", a timedelta, or milliseconds as an int)
-        after this batch's processing time, unless it gets data first."""
+        """Time the key out ``duration`` after this batch's processing time, unless it gets data
+        first. A number is milliseconds, as in PySpark (``1500`` and ``1500.0`` alike; a
+        fraction rounds up to the next millisecond); a string is a duration ("1 minute",
+        "500 ms"); a ``timedelta`` is taken as it is. The key need not have state: a timeout
+        without state calls the function again with ``has_timed_out`` true and no state."""
         if self._timeout is not GroupStateTimeout.PROCESSING_TIME:
             raise TimeoutNotEnabledError(
                 "set_timeout_duration needs timeout=GroupStateTimeout.PROCESSING_TIME on the operator; "
@@ -110,18 +146,13 @@ class GroupState(Generic[S]):
                 + (", use set_timeout_timestamp for event time" if self._timeout is GroupStateTimeout.EVENT_TIME
                    else "")
             )
-        duration_ms = duration if isinstance(duration, int) and not isinstance(duration, bool) else None
-        if duration_ms is None:
-            duration_ms = (_parse_text_duration(duration) if isinstance(duration, str)
-                           else parse_duration_ms(duration, "timeout duration"))
-        elif duration_ms <= 0:
-            raise ConfigurationError(f"timeout duration must be positive; got {duration} ms")
-        self.timeout_timestamp_ms = self._processing_time_ms + duration_ms
+        self.timeout_timestamp_ms = self._processing_time_ms + timeout_duration_ms(duration, "timeout duration")
 
-    def set_timeout_timestamp(self, timestamp: int | _dt.datetime, additional_duration: object | None = None) -> None:
-        """Time the key out once the event-time watermark passes ``timestamp`` (epoch ms or an
-        datetime; a naive one is UTC, as batchline hands timestamps out) plus ``additional_duration``;
-        it cannot lie before the current watermark."""
+    def set_timeout_timestamp(self, timestamp: float | _dt.datetime, additional_duration: object | None = None) -> None:
+        """Time the key out once the event-time watermark passes ``timestamp`` (epoch ms or a
+        datetime; a naive one is UTC, as batchline hands timestamps out) plus ``additional_duration``
+        (read as ``set_timeout_duration`` reads durations); it cannot lie before the current
+        watermark. The key need not have state, as in Spark."""
         if self._timeout is not GroupStateTimeout.EVENT_TIME:
             raise TimeoutNotEnabledError(
                 "set_timeout_timestamp needs timeout=GroupStateTimeout.EVENT_TIME on the operator; "
@@ -133,10 +164,13 @@ class GroupState(Generic[S]):
             if timestamp.tzinfo is None:
                 timestamp = timestamp.replace(tzinfo=_dt.UTC)
             timestamp_ms = int(timestamp.timestamp() * 1000)
+        elif isinstance(timestamp, numbers.Real) and not isinstance(timestamp, bool) and math.isfinite(timestamp):
+            timestamp_ms = int(timestamp) if isinstance(timestamp, numbers.Integral) else math.ceil(timestamp)
         else:
-            timestamp_ms = int(timestamp)
+            raise ConfigurationError(f"timeout timestamp is epoch milliseconds (a number) or a datetime; got "
+                                     f"{type(timestamp).__name__} {timestamp!r}")
         if additional_duration is not None:
-            timestamp_ms += parse_duration_ms(additional_duration, "additional duration")
+            timestamp_ms += timeout_duration_ms(additional_duration, "additional duration")
         if timestamp_ms <= 0:
             raise ConfigurationError(f"timeout timestamp must be a positive epoch time in ms; got {timestamp_ms}")
         if self._watermark_ms is not None and timestamp_ms < self._watermark_ms:
@@ -153,11 +187,22 @@ class GroupState(Generic[S]):
         return self._processing_time_ms
 
     def current_watermark_ms(self) -> int:
+        """The event-time watermark of this batch (epoch ms): 0 until the stream's first event
+        time has been seen, as Spark returns in its first micro-batch."""
         if self._watermark_ms is None:
             raise TimeoutNotEnabledError(
-                "there is no event-time watermark; call stream.with_watermark(column, delay) before grouping"
+                "this pipeline has no event-time watermark; call stream.with_watermark(column, delay) before "
+                "grouping to read one"
             )
         return self._watermark_ms
+
+    def __getattr__(self, name: str) -> object:
+        # Functions ported from Spark call camelCase names; say which name to use instead.
+        ours = _SPARK_NAMES.get(name)
+        if ours is None:
+            raise AttributeError(f"GroupState has no attribute {name!r}")
+        raise AttributeError(f"GroupState has no {name!r}: batchline names it {ours} (snake_case, as listed in "
+                             "the README's \"Coming from Structured Streaming\")")
 
     def __repr__(self) -> str:
         return f"GroupState({self._value!r})" if self.exists else "GroupState(<no state>)"

@@ -25,7 +25,8 @@ reads the newest snapshot at or below ``v`` plus the deltas above it. Rescaling 
 generation and switches the metadata last.
 
 Files are Arrow IPC: key columns ``key.<name>``, state columns ``state.<field>``,
-``__timeout_ms`` (null: none) and ``__removed``; the header is JSON under the ``batchline``
+``__timeout_ms`` (null: none) and ``__removed`` (no state: a removed key, or with a timeout a key
+that keeps its timer without state, as Spark allows); the header is JSON under the ``batchline``
 key of the schema metadata. The stored state schema travels in each file, so new code reads
 old files by field name (schema evolution, SPEC D5).
 """
@@ -171,10 +172,11 @@ class VersionFile:
 
 @dataclass
 class PartitionData:
-    """One partition's state at one version: key -> (state tuple, timeout ms or None)."""
+    """One partition's state at one version: key -> (state tuple, timeout ms or None). A key
+    may hold a timeout and no state (None), as Spark keeps a timeout set after ``remove()``."""
 
     version: int | None
-    entries: dict[Any, tuple[tuple[Any, ...], int | None]]
+    entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]]
     deltas_since_snapshot: int = 0
     initial_keys: frozenset[Any] = frozenset()
     """Keys loaded from an initial state and not yet seen by the function (SPEC D8)."""
@@ -477,7 +479,8 @@ class MemoryStateStore(StateStore):
 # -------------------------------------------------------------------- Arrow codec
 def entries_table(key_schema: StructType, state: RowSchema,
                   rows: Iterator[tuple[Any, tuple[Any, ...] | None, int | None]], single_key: bool) -> pa.Table:
-    """A delta or snapshot table from (key, state tuple or None for removed, timeout)."""
+    """A delta or snapshot table from (key, state tuple or None for no state, timeout): a row
+    without state is marked removed, and keeps its timeout if it has one."""
     keys: list[Any] = []
     states: list[tuple[Any, ...] | None] = []
     timeouts: list[int | None] = []
@@ -513,9 +516,10 @@ def stored_state_schema(table: pa.Table) -> StructType:
     return schema
 
 
-def apply_table(entries: dict[Any, tuple[tuple[Any, ...], int | None]], table: pa.Table, state: RowSchema,
+def apply_table(entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]], table: pa.Table, state: RowSchema,
                 single_key: bool, what: str) -> list[Any]:
-    """Apply a delta or snapshot to ``entries`` (a snapshot to an empty dict); returns the keys."""
+    """Apply a delta or snapshot to ``entries`` (a snapshot to an empty dict); returns the keys.
+    A removed row with a timeout is a key that keeps its timeout without state."""
     if table.num_rows == 0:
         return []
     key_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
@@ -526,8 +530,10 @@ def apply_table(entries: dict[Any, tuple[tuple[Any, ...], int | None]], table: p
     timeouts = table.column(TIMEOUT_COL).to_pylist()
     removed = table.column(REMOVED_COL).to_pylist()
     for key, value, timeout, gone in zip(keys, values, timeouts, removed, strict=True):
-        if gone:
+        if gone and timeout is None:
             entries.pop(key, None)
+        elif gone:
+            entries[key] = (None, timeout)
         else:
             entries[key] = (value, timeout)
     return keys

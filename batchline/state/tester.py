@@ -103,7 +103,7 @@ class StateFunctionTester:
         self.output_schema = RowSchema.of(output_schema)
         self.input_schema = RowSchema.of(input_schema) if input_schema is not None else None
         self.event_time_column = event_time_column
-        self.watermark_delay_ms = (parse_duration_ms(watermark_delay, "watermark delay")
+        self.watermark_delay_ms = (parse_duration_ms(watermark_delay, "watermark delay", allow_zero=True)
                                    if watermark_delay is not None else None)
         self.store = MemoryStateStore(name)
         """The tester's state, as the operator's tasks would leave it in the checkpoint."""
@@ -276,21 +276,23 @@ class StateFunctionTester:
 
     def keys(self) -> list[Any]:
         """The keys that have state, in the order the store holds them."""
-        return list(self._load().entries)
+        return [key for key, (value, _) in self._load().entries.items() if value is not None]
 
     def state(self, key: Any) -> Any | None:
         """The key's state as the function would see it (a fresh object), or None."""
         entry = self._load().entries.get(key)
-        return None if entry is None else self.state_schema.make(entry[0])
+        return None if entry is None or entry[0] is None else self.state_schema.make(entry[0])
 
     def timeout_of(self, key: Any) -> int | None:
-        """The key's timeout deadline (epoch ms), or None."""
+        """The key's timeout deadline (epoch ms), or None; a key can hold one without state
+        (a timeout set in the call that removed its state, or on a key that had none)."""
         entry = self._load().entries.get(key)
         return None if entry is None else entry[1]
 
     def set_state(self, key: Any, value: Any, timeout_ms: int | None = None) -> None:
         """Give ``key`` the state ``value`` (None removes it) and optionally a timeout deadline
-        (epoch ms), as if an earlier batch had left it so; the function is not called."""
+        (epoch ms; with ``value`` None, a timeout without state), as if an earlier batch had
+        left it so; the function is not called."""
         self._write_state({key: (value, timeout_ms)}, initial=False)
 
     def _write_state(self, changes: Mapping[Any, tuple[Any, int | None]], initial: bool) -> None:
@@ -300,7 +302,10 @@ class StateFunctionTester:
         entries = dict(data.entries)
         for key, (value, timeout_ms) in changes.items():
             if value is None:
-                entries.pop(key, None)
+                if timeout_ms is None:
+                    entries.pop(key, None)
+                else:
+                    entries[key] = (None, timeout_ms)
                 continue
             try:
                 entries[key] = (spec.state.unmake(value), timeout_ms)
