@@ -9,6 +9,24 @@ from moto.server import ThreadedMotoServer
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
+FIXTURE_MARKERS = {"spark": "spark", "standalone_cluster": "cluster", "s3_endpoint": "server"}
+"""A test that uses the fixture gets the marker: ``pytest -m "not chaos and not cluster"`` is the
+fast tier (README)."""
+CHAOS_MODULES = {"test_chaos", "test_bounded_chaos", "test_partition_recovery", "test_worker_kill", "test_cluster"}
+"""The modules that kill processes (drivers, executors, Python workers) and compare with a clean
+run; their drivers start Spark in processes of their own."""
+CHAOS_TESTS = {"test_a_driver_killed_in_the_commit_on_s3_completes_the_batch_exactly_once"}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for fixture, marker in FIXTURE_MARKERS.items():
+            if fixture in item.fixturenames:
+                item.add_marker(marker)
+        if item.module.__name__.rsplit(".", 1)[-1] in CHAOS_MODULES or item.originalname in CHAOS_TESTS:
+            item.add_marker("chaos")
+            item.add_marker("spark")
+
 
 @pytest.fixture(scope="session")
 def spark():

@@ -8,11 +8,14 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 SUMMARY = re.compile(
     r"^batch \d{4}-\d\d-\d\dT[\d:.]+Z \| (\d+) records \| scheduling delay -?\d+ ms \| processing time \d+ ms"
 )
 
 
+@pytest.mark.spark  # the demo starts Spark in its own process
 def test_demo_prints_batches_and_stops_gracefully_on_ctrl_c():
     process = subprocess.Popen(
         [sys.executable, "-m", "batchline.cli.main", "demo", "--rate", "500", "--batch-interval", "1s",
@@ -58,6 +61,7 @@ def _batchline_command() -> str:
     return str(script)
 
 
+@pytest.mark.spark  # the demo starts Spark in its own process
 def test_demo_runs_batches_for_a_duration_and_stops_gracefully(tmp_path):
     checkpoint = tmp_path / "checkpoint"
     result = subprocess.run(

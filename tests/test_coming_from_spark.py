@@ -257,3 +257,75 @@ def test_get_without_state_raises_what_pyspark_code_catches():
     assert NO_TIMESTAMP == -1
     with pytest.raises(TimeoutNotEnabledError):
         GroupState(None, GroupStateTimeout.NO_TIMEOUT, 0).current_watermark_ms()
+
+
+# -------------------------------------------------------------------- found in Spark's code, matched
+def test_a_row_at_the_watermark_is_late_as_in_spark():
+    def fn(key, rows, state):
+        yield (key, len(list(rows)))
+
+    tester = StateFunctionTester(fn, "key", state_schema=Seen, output_schema="key string, rows long",
+                                 timeout=GroupStateTimeout.EVENT_TIME, event_time_column="ts",
+                                 watermark_delay="10 seconds")
+    tester.process([{"key": "a", "ts": at(100)}])  # the watermark becomes 90 s
+    assert tester.process([{"key": "at", "ts": at(90)}, {"key": "after", "ts": at(90.001)}]) == [
+        {"key": "after", "rows": 1}]
+    assert tester.last_stats.late_rows == 1
+
+
+def test_the_watermark_never_goes_below_0_as_in_spark():
+    tester = StateFunctionTester(watermark_reader, "key", state_schema=Seen, output_schema="key string, wm long",
+                                 timeout=GroupStateTimeout.EVENT_TIME, event_time_column="ts",
+                                 watermark_delay="10 seconds")
+    tester.process([{"key": "a", "ts": at(3)}])
+    assert tester.watermark_ms == 0
+    assert tester.process([{"key": "b", "ts": at(4)}]) == [{"key": "b", "wm": 0}]
+
+
+@pytest.mark.parametrize(("duration", "ms"), [("1 day", 86_400_000), ("2 days", 172_800_000),
+                                              ("1 hour 30 minutes", 5_400_000), ("interval 1 hour", 3_600_000),
+                                              ("-1 month 31 days 1 second", 1000), ("1 week", 604_800_000)])
+def test_interval_strings_read_as_spark_reads_them(duration, ms):
+    s = state()
+    s.set_timeout_duration(duration)
+    assert s.timeout_timestamp_ms == 1_000_000 + ms
+
+
+def test_an_additional_duration_may_be_zero_but_not_negative():
+    s = GroupState(None, GroupStateTimeout.EVENT_TIME, 0, watermark_ms=1000)
+    s.set_timeout_timestamp(5000, "0 seconds")
+    assert s.timeout_timestamp_ms == 5000
+    s.set_timeout_timestamp(5000, 0)
+    assert s.timeout_timestamp_ms == 5000
+    with pytest.raises(ConfigurationError, match="zero or more"):
+        s.set_timeout_timestamp(5000, "-3 seconds")
+
+
+def test_a_timer_set_while_the_input_ends_is_dropped_and_the_pipeline_finishes(spark, tmp_path):
+    """batchline alone times every key out when a bounded input ends (Spark never does); a
+    ported function that re-arms its event-time timer when timed out must not fail or loop."""
+    from batchline import StreamingContext
+    from batchline.testing import END, CollectSink, list_stream
+
+    def rearm(key, rows, state):
+        if state.has_timed_out:
+            state.set_timeout_timestamp(state.current_watermark_ms() + 1000)  # what Spark code may do
+            yield (key, "timed out")
+            return
+        newest = max(row.ts for row in rows)
+        state.update(Seen(0))
+        state.set_timeout_timestamp(newest.replace(tzinfo=dt.UTC), "5 seconds")
+        yield (key, "data")
+
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "checkpoint"))
+    events = list_stream(ssc, [[("a", at(100))], [("b", at(101))], END], "key string, ts timestamp", bounded=True)
+    sink = CollectSink()
+    events.with_watermark("ts", "1 second").group_by_key("key").flat_map_groups_with_state(
+        rearm, state_schema=Seen, output_schema="key string, what string", timeout=GroupStateTimeout.EVENT_TIME,
+        name="rearm", num_partitions=2).foreach_batch(sink)
+    try:
+        assert ssc.run_until_finished(timeout=120)
+    finally:
+        ssc.stop()
+    rows = sorted((r["key"], r["what"]) for batch in sink.batches.values() for r in batch)
+    assert rows == [("a", "data"), ("a", "timed out"), ("b", "data"), ("b", "timed out")]

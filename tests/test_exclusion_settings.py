@@ -236,6 +236,7 @@ _CHILD = textwrap.dedent("""
 """)
 
 
+@pytest.mark.spark  # starts Spark in a process of its own
 def test_a_new_session_runs_with_the_settings(tmp_path):
     """A session of its own (the suite's is already running), in a child process."""
     done = subprocess.run([sys.executable, "-c", _CHILD], capture_output=True, text=True, timeout=300,

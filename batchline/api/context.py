@@ -131,6 +131,7 @@ class StreamingContext:
         self._error: BaseException | None = None
         self._scheduler: JobScheduler | None = None
         self._generator: JobGenerator | None = None
+        self._adaptive: _AdaptiveExecutionOff | None = None
         self._commit: BatchCommit | None = None
         self._finishing = False
         self._finish_lock = threading.Lock()
@@ -289,9 +290,11 @@ class StreamingContext:
                 self._state = ContextState.STOPPED
                 self._terminated.set()
                 return
+            self._adaptive = _AdaptiveExecutionOff(self.spark)
             try:
                 self._start_running(checkpoint)
             except BaseException:
+                self._adaptive.restore()
                 if self._checkpoints is not None:
                     self._checkpoints.close()
                 raise
@@ -301,7 +304,7 @@ class StreamingContext:
     def _start_running(self, checkpoint: Checkpoint | None) -> None:
         """Turn the description into runtime objects, wire the scheduler, start generating."""
         env = RuntimeEnv(self.spark, self.clock, self.batch_interval_ms, self.input_info, self.receiver_tracker,
-                         self._checkpoints, self.graph.consumed())
+                         self._checkpoints, self.graph.consumed(), self.graph.input_readers())
         self.pipeline = PipelineRuntime(self.graph, env)
         commit = self._commit = BatchCommit(self.pipeline, self._checkpoints, self.clock, self._pipeline_finished)
         generator: JobGenerator
@@ -437,6 +440,8 @@ class StreamingContext:
             if self._checkpoints is not None:
                 self._checkpoints.close()
         finally:
+            if self._adaptive is not None:
+                self._adaptive.restore()
             self._terminated.set()
             if stop_spark_session:
                 self.spark.stop()
@@ -499,3 +504,28 @@ def _checkpoint_settings(
         raise ConfigurationError(f"keep_checkpoints must be at least 1; got {keep}")
     return CheckpointSettings(location, interval_ms, keep, parse_duration_ms(lease_ttl, "lease ttl"),
                               dict(storage_options or {}), batch_interval_ms)
+
+
+class _AdaptiveExecutionOff:
+    """Adaptive query execution off while the context runs, as Structured Streaming runs its
+    micro-batches: it would cut each batch's plan into query stages run as jobs of their own
+    (a stateful batch ran 7 Spark jobs instead of 3), and it must never coalesce the state
+    shuffle. The session's own setting comes back when the context stops."""
+
+    KEY = "spark.sql.adaptive.enabled"
+
+    def __init__(self, spark: SparkSession) -> None:
+        self._spark = spark
+        self._before = spark.conf.get(self.KEY, None)
+        if self._before != "false":
+            spark.conf.set(self.KEY, "false")
+            logger.info("Adaptive query execution is off while the pipeline runs: each batch's jobs run as planned, "
+                        "as in Structured Streaming")
+
+    def restore(self) -> None:
+        if self._before == "false":
+            return
+        if self._before is None:
+            self._spark.conf.unset(self.KEY)
+        else:
+            self._spark.conf.set(self.KEY, self._before)

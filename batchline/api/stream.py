@@ -94,7 +94,8 @@ class Stream:
 
     def console(self, num_rows: int = 20, truncate: bool = True, name: str | None = None) -> OutputOperation:
         """Print the first rows of every batch under a header with the batch time."""
-        return self.foreach_batch(ConsoleSink(num_rows, truncate).write, name or "console")
+        return self.graph.add_output(self.node, ConsoleSink(num_rows, truncate).write, name or "console",
+                                     reads_all_rows=False)
 
     def write_files(self, path: str, format: str = "parquet", name: str | None = None,
                     storage_options: dict[str, Any] | None = None, **options: str) -> OutputOperation:

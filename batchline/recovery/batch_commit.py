@@ -2,9 +2,10 @@
 
 Step 1: log the batch: its inputs' allocations go to the batch log before any job runs
         (``jobs_for``, on the generator's loop).
-Step 2: run its jobs: inputs read, operators write their state, outputs commit their data
+Step 2: run its jobs: operators read their input and write their state, outputs commit their data
         (the job scheduler, on the batch's thread).
-Step 3: verify every partition: each node checks its work is whole (``commit``).
+Step 3: count and verify: inputs report what the jobs counted of them, and each node checks
+        its work is whole (``commit``).
 Step 4: commit marker, with the operators' progress, under the lease's fencing token.
 Step 5: advance versions: every node moves on to build the next batch on this one.
 Step 6: checkpoint: the generator clears what no batch needs and writes a checkpoint on
@@ -99,6 +100,7 @@ class BatchCommit:
             self.last_committed = max(batch_time, self.last_committed or batch_time)
             return
         # Step 3
+        self.pipeline.after_jobs(batch_time)
         self.pipeline.verify(batch_time)
         # Step 4
         if self._checkpoints is not None:

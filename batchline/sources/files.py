@@ -12,11 +12,12 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 import fsspec
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
@@ -25,7 +26,7 @@ from batchline.checkpoint.storage import RawJson
 from batchline.errors import ConfigurationError, SourceError
 from batchline.scheduler.job import Job
 from batchline.sources import parsing
-from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamNode, StreamRuntime
+from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamNode, StreamRuntime
 
 __all__ = ["FileSource", "FileReader", "DeadLetterNode", "FORMATS"]
 
@@ -98,6 +99,20 @@ class FileSource(InputNode):
         return FileReader(self, env, parents)
 
 
+@dataclass(frozen=True)
+class _ParsedBatch:
+    """A batch's parsed lines and the observation that counts them."""
+
+    frame: DataFrame
+    counts: Observation
+
+    def counted(self) -> bool:
+        """Whether a job that read every line has finished (without waiting for one)."""
+        # PySpark's Observation only offers a blocking get; its JVM side tells without waiting.
+        observation: Any = self.counts._jo  # noqa: SLF001
+        return observation is not None and bool(observation.future().isCompleted())
+
+
 class FileReader(InputRuntime):
     """A file source's run: the names it has taken, each batch's files, their parsed rows."""
 
@@ -110,7 +125,10 @@ class FileReader(InputRuntime):
         self._seen: set[str] = set()
         self._seen_json = bytearray()  # the seen names, JSON-encoded as they arrive
         self._batch_files: dict[int, list[str]] = {}
-        self._parsed: dict[int, DataFrame] = {}
+        self._parsed: dict[int, _ParsedBatch] = {}
+        self._parser: parsing.LineParser | None = None
+        self._counting: tuple[Column, list[Column], list[Column]] | None = None
+        """The ok flag, the counting metrics and the schema's columns, built once."""
         self._listing: list[str] | None = None
         """A bounded source's files: those present at its first start, in name order."""
         self._listing_json = b"[]"
@@ -198,64 +216,100 @@ class FileReader(InputRuntime):
     def _read(self, files: list[str]) -> DataFrame:
         reader = self.env.spark.read
         urls = [self._url(f) for f in files]
-        node = self.node
-        if node.format == "parquet":
-            frame = reader.schema(node.schema).parquet(*urls)
-            return frame.select(
-                *node.schema.fieldNames(),
-                F.lit(True).alias(parsing.OK),
-                F.lit(None).cast("string").alias(parsing.RAW),
-                F.lit(None).cast("string").alias(parsing.REASON),
-                F.col("_metadata.file_path").alias(parsing.SOURCE_FILE),
-            )
-        lines = reader.text(urls).select("value", F.col("_metadata.file_path").alias(parsing.SOURCE_FILE))
-        if node.format == "json":
-            return parsing.parse_json_lines(lines, node.schema)
-        if node.format == "csv":
-            return parsing.parse_csv_lines(lines, node.schema, node.sep, node.header)
-        return lines.select(
-            "value",
-            F.lit(True).alias(parsing.OK),
-            F.col("value").alias(parsing.RAW),
-            F.lit(None).cast("string").alias(parsing.REASON),
-            F.col(parsing.SOURCE_FILE),
-        )
+        if self.node.format == "parquet":
+            return reader.schema(self.node.schema).parquet(*urls).select(*self._columns().columns)
+        return self._columns().parse(reader.text(urls))
+
+    def _columns(self) -> parsing.LineParser:
+        """The source's parsing expressions, built on first use and reused by every batch."""
+        if self._parser is None:
+            node = self.node
+            if node.format == "parquet":
+                self._parser = parsing.LineParser(F.lit(True), (
+                    *[F.col(name) for name in node.schema.fieldNames()],
+                    F.lit(True).alias(parsing.OK),
+                    F.lit(None).cast("string").alias(parsing.RAW),
+                    F.lit(None).cast("string").alias(parsing.REASON),
+                    F.col("_metadata.file_path").alias(parsing.SOURCE_FILE),
+                ))
+            elif node.format == "json":
+                self._parser = parsing.json_parser(node.schema)
+            elif node.format == "csv":
+                self._parser = parsing.csv_parser(node.schema, node.sep, node.header)
+            else:
+                self._parser = parsing.text_parser()
+        return self._parser
 
     def parsed(self, batch_time: int) -> DataFrame | None:
         """Every parsed line of the batch with its ok flag (None for a batch with no files)."""
         self.get_or_compute(batch_time)
-        return self._parsed.get(batch_time)
+        batch = self._parsed.get(batch_time)
+        return None if batch is None else batch.frame
 
     def compute(self, batch_time: int) -> DataFrame:
+        """The batch's good rows. Its lines are counted, good and bad, by the first job that
+        reads them all (``observe``), so no job of its own reads the files just to count."""
         files = self._batch_files.get(batch_time, [])
         if not files:
             return self.env.empty_frame(self.node.schema)
-        parsed = self._read(files).persist(StorageLevel.MEMORY_AND_DISK)
-        self._parsed[batch_time] = parsed
-        return parsed.where(F.col(parsing.OK)).select(*self.node.schema.fieldNames())
+        if self._counting is None:
+            ok = F.col(parsing.OK)
+            metrics = [F.count(F.when(ok, 1)).alias("records"), F.count(F.when(~ok, 1)).alias("dead_letters")]
+            self._counting = (ok, metrics, [F.col(name) for name in self.node.schema.fieldNames()])
+        ok, metrics, fields = self._counting
+        counts = Observation()
+        parsed = self._read(files).observe(counts, *metrics)
+        if self._cache_lines:
+            parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
+        self._parsed[batch_time] = _ParsedBatch(parsed, counts)
+        return parsed.where(ok).select(*fields)
+
+    @property
+    def _readers(self) -> Readers:
+        return self.env.readers.get(self.node.node_id, Readers(0, False))
+
+    @property
+    def _cache_lines(self) -> bool:
+        # Read once: cached only when several jobs read the lines, or later batches do (windows).
+        return self._readers.jobs > 1 or self.remember_ms > self.node.slide_ms
 
     def release(self, batch_time: int, df: DataFrame) -> None:
         parsed = self._parsed.pop(batch_time, None)
-        if parsed is not None:
-            parsed.unpersist()
+        if parsed is not None and self._cache_lines:
+            parsed.frame.unpersist()
 
     def prepare_job(self, batch_time: int) -> Job | None:
-        """Read the batch's files once into the cache, count good and bad lines, and say
-        where the bad ones went."""
+        """A job that reads and counts the batch's lines only when the first job that reads
+        them would not read them all (a ``console`` output)."""
         files = self._batch_files.get(batch_time)
-        if not files:
+        if not files or self._readers.first_reads_all:
             return None
-        parsed = self.parsed(batch_time)
-        assert parsed is not None
+        batch = self._parsed_batch(batch_time)
 
         def read_and_count() -> None:
-            counts = {row[0]: row[1] for row in parsed.groupBy(parsing.OK).count().collect()}
-            good, bad = counts.get(True, 0), counts.get(False, 0)
-            self.report(batch_time, good, dead_letters=bad, metadata={"files": files})
-            if bad and self.node.dead_letters.node_id not in self.env.consumed:
-                self._log_dead_letters(batch_time, bad)
+            batch.frame.count()  # the observation counts; after_jobs reports
 
         return Job(batch_time, f"read:{self.name}", read_and_count)
+
+    def after_jobs(self, batch_time: int) -> None:
+        """Report the batch's good and bad lines as the job that read them counted them (once,
+        however many jobs read them, and whichever attempt of a task or of the batch did), and
+        say where the bad ones went."""
+        files = self._batch_files.get(batch_time)
+        if not files:
+            return
+        batch = self._parsed_batch(batch_time)
+        if not batch.counted():
+            batch.frame.count()  # no job read them all (every reader had finished): count now
+        counts = batch.counts.get
+        good, bad = int(counts["records"]), int(counts["dead_letters"])
+        self.report(batch_time, good, dead_letters=bad, metadata={"files": files})
+        if bad and self.node.dead_letters.node_id not in self.env.consumed:
+            self._log_dead_letters(batch_time, bad)
+
+    def _parsed_batch(self, batch_time: int) -> _ParsedBatch:
+        self.get_or_compute(batch_time)
+        return self._parsed[batch_time]
 
     def dead_letter_frame(self, batch_time: int) -> DataFrame:
         """The batch's bad records: ``raw_record``, ``reason``, ``source``, ``batch_time``."""

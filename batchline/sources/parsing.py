@@ -1,17 +1,22 @@
 """Line parsing with dead letters (SPEC B6), entirely in Spark SQL expressions.
 
-Every line is parsed twice: once with the declared schema and once with every field as a
-string. Comparing the two names the reason a line is bad (malformed, wrong type, missing
-required field, too many fields) without a Python UDF.
+A JSON line is parsed once on the fast path: with the declared schema plus a corrupt-record
+column, which Spark fills for a line that is not an object or has a value of the wrong type;
+a good line is one without it whose required fields are present. Only the lines that fail
+the fast path are parsed again, with every field as a string, to name the reason (malformed,
+wrong type, missing required field) without a Python UDF. CSV lines are parsed both ways.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
-__all__ = ["OK", "RAW", "REASON", "SOURCE_FILE", "parse_json_lines", "parse_csv_lines", "DEAD_LETTER_SCHEMA"]
+__all__ = ["DEAD_LETTER_SCHEMA", "OK", "RAW", "REASON", "SOURCE_FILE", "LineParser", "csv_parser", "json_parser",
+           "text_parser"]
 
 OK = "_bl_ok"
 RAW = "_bl_raw"
@@ -51,38 +56,67 @@ def _field_reasons(schema: StructType, typed: Column, strings: Column) -> list[C
     return reasons
 
 
-def _finish(lines: DataFrame, schema: StructType, typed: Column, reasons: list[Column]) -> DataFrame:
-    reason = F.coalesce(*reasons)
-    return lines.select(
+@dataclass(frozen=True)
+class LineParser:
+    """How a source's lines become rows: built once per source, applied to every batch.
+
+    Its columns are plain expressions over ``value`` and the file's path, so a batch costs a
+    filter and a select, not the dozens of driver-to-JVM calls that building them takes.
+    """
+
+    keep: Column
+    """Which lines are records (blank lines, a CSV header, are not)."""
+    columns: tuple[Column, ...]
+    """The schema's columns, then ok / raw / reason / source file."""
+
+    def parse(self, lines: DataFrame) -> DataFrame:
+        """``lines`` (Spark's text reader: ``value`` and ``_metadata``) parsed."""
+        return lines.where(self.keep).select(*self.columns)
+
+
+def _source_file() -> Column:
+    return F.col("_metadata.file_path").alias(SOURCE_FILE)
+
+
+def _parser(schema: StructType, keep: Column, typed: Column, ok: Column, reason: Column) -> LineParser:
+    return LineParser(keep, (
         *[typed.getField(f.name).alias(f.name) for f in schema.fields],
-        reason.isNull().alias(OK),
+        ok.alias(OK),
         F.col("value").alias(RAW),
         reason.alias(REASON),
-        F.col(SOURCE_FILE),
-    )
+        _source_file(),
+    ))
 
 
-def parse_json_lines(lines: DataFrame, schema: StructType) -> DataFrame:
-    """``lines(value, _bl_source_file)`` → the schema's columns plus ok/raw/reason/source.
+_CORRUPT = "_bl_corrupt"
+_NOT_AN_OBJECT = "malformed JSON: not one JSON object per line"
 
-    Blank lines are skipped, as Spark's JSON reader does.
-    """
-    lines = lines.where(F.trim("value") != "")
+
+def json_parser(schema: StructType) -> LineParser:
+    """JSON objects, one per line; blank lines are skipped, as Spark's JSON reader does."""
     value = F.col("value")
+    fast = F.from_json(value, StructType([*schema.fields, StructField(_CORRUPT, StringType(), True)]),
+                       {"columnNameOfCorruptRecord": _CORRUPT})
+    ok = fast.getField(_CORRUPT).isNull()
+    for f in schema.fields:
+        if not f.nullable:
+            ok = ok & fast.getField(f.name).isNotNull()
+    # The reason, computed only for the lines that failed the fast path (a CASE branch).
     typed = F.from_json(value, schema)
     strings = F.from_json(value, _as_strings(schema))
     is_object = F.from_json(value, "map<string,string>").isNotNull()
-    reasons = [F.when(~is_object, F.lit("malformed JSON: not one JSON object per line"))]
-    return _finish(lines, schema, typed, reasons + _field_reasons(schema, typed, strings))
+    reasons = [F.when(~is_object, F.lit(_NOT_AN_OBJECT)), *_field_reasons(schema, typed, strings)]
+    reason = F.when(~ok, F.coalesce(*reasons, F.lit(_NOT_AN_OBJECT)))
+    return _parser(schema, F.trim(value) != "", fast, ok, reason)
 
 
-def parse_csv_lines(lines: DataFrame, schema: StructType, sep: str = ",", header: bool = False) -> DataFrame:
+def csv_parser(schema: StructType, sep: str = ",", header: bool = False) -> LineParser:
     """CSV rows, one per line (no line breaks inside quoted values). With ``header`` a line
     that names the schema's fields is skipped; any other header is reported as bad."""
-    if header:
-        lines = lines.where(F.col("value") != F.lit(sep.join(f.name for f in schema.fields)))
-    lines = lines.where(F.col("value") != "")
     value = F.col("value")
+    keep = value != ""
+    if header:
+        keep = keep & (value != F.lit(sep.join(f.name for f in schema.fields)))
     options = {"sep": sep}
     typed = F.from_csv(value, schema.toDDL(), options)
     extra = "_bl_extra"
@@ -91,6 +125,15 @@ def parse_csv_lines(lines: DataFrame, schema: StructType, sep: str = ",", header
         F.when(
             strings.getField(extra).isNotNull(),
             F.lit(f"too many fields: expected {len(schema.fields)} separated by {sep!r}"),
-        )
+        ),
+        *_field_reasons(schema, typed, strings),
     ]
-    return _finish(lines, schema, typed, reasons + _field_reasons(schema, typed, strings))
+    reason = F.coalesce(*reasons)
+    return _parser(schema, keep, typed, reason.isNull(), reason)
+
+
+def text_parser() -> LineParser:
+    """Every line as it is, in ``value``."""
+    value = F.col("value")
+    return LineParser(F.lit(True), (value, F.lit(True).alias(OK), value.alias(RAW),
+                                    F.lit(None).cast("string").alias(REASON), _source_file()))

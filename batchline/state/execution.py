@@ -225,7 +225,8 @@ def _write_snapshot(spec: OperatorSpec, partition: int, data: PartitionData, bac
 
 def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch],
              stats: Stats) -> dict[Any, list[tuple[Any, ...]]]:
-    """Rows by key, as named tuples; rows older than the watermark are dropped and counted."""
+    """Rows by key, as named tuples; under event-time timeouts, rows at or before the watermark
+    are late (as Spark's ``eventTime <= watermark``): dropped and counted."""
     groups: dict[Any, list[tuple[Any, ...]]] = {}
     make: Callable[[Iterable[Any]], tuple[Any, ...]] | None = None
     for batch in batches:
@@ -240,7 +241,7 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
                 stats.max_event_time_ms = max(stats.max_event_time_ms or newest_ms, newest_ms)
             if params.watermark_ms is not None and spec.timeout is GroupStateTimeout.EVENT_TIME:
                 # As in Spark, late rows are dropped only under event-time timeouts.
-                late = pc.less(times, pa.scalar(params.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
+                late = pc.less_equal(times, pa.scalar(params.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
                 late_count = pc.sum(late).as_py() or 0
                 if late_count:
                     stats.late_rows += late_count
@@ -392,7 +393,7 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
         current = entries.get(key)
         value, old_deadline = current if current is not None else (None, None)
         state = GroupState(make(value) if value is not None else None, timeout, batch_time, watermark,
-                           has_timed_out=timed_out)
+                           has_timed_out=timed_out, input_ended=params.end_of_input)
         stats.keys_called += 1
         try:
             result = spec.fn(key, iter(rows), state)
@@ -406,6 +407,8 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
         stats.updated += state.updated
         stats.removed += state.removed and value is not None
         deadline = state.timeout_timestamp_ms if state.timeout_timestamp_ms != NO_TIMESTAMP else None
+        if params.end_of_input:
+            deadline = None  # the inputs ended: the timer could only fire at once, again and again
         if state.updated:
             try:
                 updated = spec.state.unmake(state.get())
@@ -423,7 +426,7 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
 
     for key, rows in groups.items():
         call(key, rows, False)
-    for key in cached.data.initial_keys:
+    for key in sorted(cached.data.initial_keys, key=repr):  # a frozenset: sorted, the same in every process
         if key not in groups:
             call(key, [], False)
     threshold = (None if timeout is GroupStateTimeout.NO_TIMEOUT

@@ -26,9 +26,9 @@ NO_TIMESTAMP = -1
 
 
 @functools.lru_cache(maxsize=256)
-def _parse_text_duration(text: str, what: str) -> int:
+def _parse_text_duration(text: str, what: str, allow_zero: bool) -> int:
     # Called for every key of every batch, nearly always with the same text.
-    return parse_duration_ms(text, what)
+    return parse_duration_ms(text, what, allow_zero)
 
 
 class GroupStateTimeout(enum.Enum):
@@ -54,21 +54,24 @@ _SPARK_NAMES = {
 }
 
 
-def timeout_duration_ms(duration: object, what: str) -> int:
+def timeout_duration_ms(duration: object, what: str, allow_zero: bool = False) -> int:
     """A timeout duration as whole milliseconds: a number is milliseconds (as PySpark reads it),
-    a string a duration such as "2 seconds", a timedelta as it is; anything else is refused."""
+    a string a duration such as "2 seconds" or "1 hour 30 minutes" (as Spark's interval strings,
+    a month 31 days), a timedelta as it is; anything else is refused. Positive, or with
+    ``allow_zero`` at least zero."""
+    least = "zero or more" if allow_zero else "positive"
     if isinstance(duration, bool):
         raise ConfigurationError(f"{what} is milliseconds (a number) or a duration such as '2 seconds'; got "
                                  f"{duration!r}")
     if isinstance(duration, (numbers.Real, decimal.Decimal)):  # Decimal is a number, not a numbers.Real
         value = float(duration)
-        if not math.isfinite(value) or value <= 0:
-            raise ConfigurationError(f"{what} must be a positive, finite number of milliseconds; got {duration!r}")
+        if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+            raise ConfigurationError(f"{what} must be a {least}, finite number of milliseconds; got {duration!r}")
         return int(duration) if isinstance(duration, numbers.Integral) else math.ceil(value)
     if isinstance(duration, str):
-        return _parse_text_duration(duration, what)
+        return _parse_text_duration(duration, what, allow_zero)
     if isinstance(duration, _dt.timedelta):
-        return parse_duration_ms(duration, what)
+        return parse_duration_ms(duration, what, allow_zero)
     raise ConfigurationError(f"{what} is milliseconds (a number) or a duration such as '2 seconds'; got "
                              f"{type(duration).__name__} {duration!r}")
 
@@ -78,7 +81,9 @@ class GroupState(Generic[S]):
 
     ``processing_time_ms`` is the batch's time, the same for every key and every retry of
     the batch; ``watermark_ms`` is the event-time watermark (0 before any event time was
-    seen), or None in a pipeline without ``with_watermark``.
+    seen), or None in a pipeline without ``with_watermark``. ``input_ended``: the batch that
+    times every key out once the inputs have ended (SPEC G3); a timeout set then is dropped,
+    as no later batch could fire it.
     """
 
     def __init__(
@@ -89,12 +94,23 @@ class GroupState(Generic[S]):
         watermark_ms: int | None = None,
         has_timed_out: bool = False,
         timeout_timestamp_ms: int = NO_TIMESTAMP,
+        input_ended: bool = False,
     ) -> None:
+        # As Spark's GroupStateImpl.createForStreaming refuses them (SPARK-35800), for functions
+        # unit-tested with a GroupState built by hand.
+        if processing_time_ms < 0 or (watermark_ms is not None and watermark_ms < 0):
+            raise ConfigurationError(f"processing time ({processing_time_ms} ms) and watermark ({watermark_ms} ms) "
+                                     "are epoch milliseconds, 0 or more")
+        if has_timed_out and timeout is GroupStateTimeout.NO_TIMEOUT:
+            raise TimeoutNotEnabledError("a key cannot have timed out under NO_TIMEOUT; give the GroupState "
+                                         "the operator's timeout kind")
         self._value = value
         self._timeout = timeout
         self._processing_time_ms = processing_time_ms
         self._watermark_ms = watermark_ms
         self._has_timed_out = has_timed_out
+        self._input_ended = input_ended
+        """The batch that drains the operator after its inputs ended: a timeout set now is dropped."""
         self.timeout_timestamp_ms = timeout_timestamp_ms
         """The key's deadline (epoch ms), or NO_TIMESTAMP; read by the operator after the call."""
         self.updated = False
@@ -170,10 +186,10 @@ class GroupState(Generic[S]):
             raise ConfigurationError(f"timeout timestamp is epoch milliseconds (a number) or a datetime; got "
                                      f"{type(timestamp).__name__} {timestamp!r}")
         if additional_duration is not None:
-            timestamp_ms += timeout_duration_ms(additional_duration, "additional duration")
+            timestamp_ms += timeout_duration_ms(additional_duration, "additional duration", allow_zero=True)
         if timestamp_ms <= 0:
             raise ConfigurationError(f"timeout timestamp must be a positive epoch time in ms; got {timestamp_ms}")
-        if self._watermark_ms is not None and timestamp_ms < self._watermark_ms:
+        if self._watermark_ms is not None and timestamp_ms < self._watermark_ms and not self._input_ended:
             raise ConfigurationError(
                 f"event-time timeout {format_batch_time(timestamp_ms)} ({timestamp_ms} ms) lies before the current "
                 f"watermark {format_batch_time(self._watermark_ms)} ({self._watermark_ms} ms); a key can only time "

@@ -59,6 +59,7 @@ class StatefulNode(StreamNode):
 
     ordered_batches = True
     shuffles_input = True
+    materializes = True
 
     def __init__(
         self,
@@ -285,7 +286,7 @@ class StatefulRuntime(StreamRuntime):
         event_time = self.node.event_time
         if event_time is None or self.max_event_time_ms is None:
             return None
-        return self.max_event_time_ms - event_time.delay_ms
+        return max(0, self.max_event_time_ms - event_time.delay_ms)  # as Spark's, never below 0
 
     def prepare_job(self, batch_time: int) -> Job | None:
         if self.node.node_id not in self.env.consumed:

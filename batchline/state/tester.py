@@ -153,7 +153,7 @@ class StateFunctionTester:
     def watermark_ms(self) -> int | None:
         """The event-time watermark the next batch uses: the newest event time of the batches
         so far minus the delay, or what ``advance_watermark`` set, whichever is later."""
-        derived = (self._max_event_time_ms - self.watermark_delay_ms
+        derived = (max(0, self._max_event_time_ms - self.watermark_delay_ms)
                    if self._max_event_time_ms is not None and self.watermark_delay_ms is not None else None)
         candidates = [w for w in (derived, self._watermark_floor_ms) if w is not None]
         return max(candidates) if candidates else None

@@ -57,14 +57,17 @@ class TimeoutIndex(Generic[K]):
         return self._heap[0] if self._heap else None
 
     def pop_due(self, now_ms: int) -> list[tuple[K, int]]:
-        """Remove and return the keys whose deadline is at or before ``now_ms``, earliest first."""
+        """Remove and return the keys whose deadline is at or before ``now_ms``, earliest first
+        (keys sharing a deadline in the order of their ``repr``)."""
         due: list[tuple[K, int]] = []
         while True:
             self._drop_empty_top()
             if not self._heap or self._heap[0] > now_ms:
                 return due
             deadline = heapq.heappop(self._heap)
-            for key in self._buckets.pop(deadline):
+            # Sorted, so that a batch calls its keys in the same order in every process (a set's
+            # order follows the hash seed of the Python worker).
+            for key in sorted(self._buckets.pop(deadline), key=repr):
                 del self._deadline[key]
                 due.append((key, deadline))
 

@@ -15,7 +15,7 @@ This room imports nothing from ``sources``, ``state``, ``sinks``, ``recovery`` o
 they build on it.
 """
 
-from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime, Watermark
+from batchline.streams.base import Readers, RuntimeEnv, StreamNode, StreamRuntime, Watermark
 from batchline.streams.graph import StreamGraph
 from batchline.streams.inputs import InputNode, InputRuntime, RangeReader
 from batchline.streams.nodes import TransformNode, WatermarkNode, WindowNode
@@ -28,6 +28,7 @@ __all__ = [
     "OutputOperation",
     "PipelineRuntime",
     "RangeReader",
+    "Readers",
     "RuntimeEnv",
     "StreamGraph",
     "StreamNode",

@@ -15,8 +15,8 @@ import itertools
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -28,11 +28,21 @@ from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 
-__all__ = ["RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
+__all__ = ["Readers", "RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
 
 logger = logging.getLogger(__name__)
 
 _node_ids = itertools.count()
+
+
+@dataclass(frozen=True)
+class Readers:
+    """Who reads a node's rows in a batch's jobs (``StreamGraph.readers``)."""
+
+    jobs: int
+    """How many of the batch's jobs read them."""
+    first_reads_all: bool
+    """Whether the first of those jobs reads every row (not a ``console`` output's ``show``)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +58,8 @@ class RuntimeEnv:
     """The checkpoint location (taken under its lease), or None for a pipeline without one."""
     consumed: frozenset[int]
     """Ids of the nodes some output reads from."""
+    readers: Mapping[int, Readers] = field(default_factory=dict)
+    """Per input node id: who reads its rows."""
 
     def empty_frame(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
@@ -69,6 +81,10 @@ class StreamNode(ABC):
     shuffles_input = False
     """True when each of its partitions reads every partition of its parents (a shuffle: an
     all-to-all edge for the trigger set); otherwise partition i reads its parents' partition i."""
+    materializes = False
+    """True when a job of its own (``prepare_job``) reads every row of its input and keeps its
+    output for the jobs after it (stateful operators): readers downstream do not read its
+    parents again."""
 
     def __init__(self, parents: Sequence[StreamNode] = ()) -> None:
         self.parents: tuple[StreamNode, ...] = tuple(parents)
@@ -215,7 +231,12 @@ class StreamRuntime(ABC):
         return None
 
     def prepare_job(self, batch_time: int) -> Job | None:
-        """A job that must run before the batch's outputs (read and count, run the state function)."""
+        """A job that must run before the batch's outputs (run the state function)."""
+        return None
+
+    def after_jobs(self, batch_time: int) -> None:
+        """Every job of the batch succeeded: report what they counted along the way (an input's
+        records and dead letters, counted by the jobs that read them)."""
         return None
 
     def recover_batch(self, batch_time: int, whole: bool) -> None:

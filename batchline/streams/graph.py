@@ -11,7 +11,7 @@ from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
 from batchline.errors import ConfigurationError, NoOutputOperationError
-from batchline.streams.base import StreamNode
+from batchline.streams.base import Readers, StreamNode
 from batchline.streams.inputs import InputNode
 from batchline.streams.output import OutputOperation
 
@@ -38,9 +38,10 @@ class StreamGraph:
             return node
 
     def add_output(self, node: StreamNode, fn: Callable[[DataFrame, BatchTime], Any], name: str,
-                   sink: Any = None) -> OutputOperation:
+                   sink: Any = None, reads_all_rows: bool = True) -> OutputOperation:
         with self._lock:
-            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, fn, sink)
+            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, fn, sink,
+                                        reads_all_rows)
             self.outputs.append(operation)
             return operation
 
@@ -84,6 +85,38 @@ class StreamGraph:
         for node in [*self.inputs, *(op.node for op in self.outputs)]:
             visit(node)
         return sorted(found.values(), key=lambda n: n.node_id)
+
+    def readers(self, node: StreamNode) -> list[StreamNode | OutputOperation]:
+        """What reads ``node``'s rows in a batch's jobs, in the order the jobs run: first the
+        nearest nodes downstream that materialize (their own job reads all their input), then
+        the outputs that reach ``node`` through none of them."""
+        children: dict[int, list[StreamNode]] = {}
+        for child in self.nodes():
+            for parent in child.parents:
+                children.setdefault(parent.node_id, []).append(child)
+        materializing: dict[int, StreamNode] = {}
+        plain: set[int] = set()
+        pending = [node]
+        while pending:
+            for child in children.get(pending.pop().node_id, []):
+                if child.materializes:
+                    materializing[child.node_id] = child
+                elif child.node_id not in plain:
+                    plain.add(child.node_id)
+                    pending.append(child)
+        plain.add(node.node_id)
+        outputs = [op for op in self.outputs if op.node.node_id in plain]
+        return [*sorted(materializing.values(), key=lambda n: n.node_id), *outputs]
+
+    def input_readers(self) -> dict[int, Readers]:
+        """``readers`` of every input, as the inputs' runtimes see them."""
+        found = {}
+        for node in self.inputs:
+            readers = self.readers(node)
+            first = readers[0] if readers else None
+            found[node.node_id] = Readers(
+                len(readers), first is not None and (not isinstance(first, OutputOperation) or first.reads_all_rows))
+        return found
 
     def consumed(self) -> frozenset[int]:
         """Ids of the nodes some output reads from."""

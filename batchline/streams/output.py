@@ -26,6 +26,9 @@ class OutputOperation:
     sink: Any = None
     """The object behind ``fn`` when it keeps commits of its own (``last_commit()``), for the
     final checkpoint (SPEC G3)."""
+    reads_all_rows: bool = True
+    """Whether ``fn`` reads every row of its DataFrame (a write does; ``console``'s ``show``
+    does not). An input's counts come from the first job that reads all of its rows."""
 
     def job(self, runtime: StreamRuntime, batch_time: int) -> Job | None:
         """The batch's job; none once the stream has finished (SPEC G1: finished streams run

@@ -198,6 +198,10 @@ class PipelineRuntime:
         logger.debug("Generated %d jobs for time %d ms", len(jobs), batch_time)
         return jobs
 
+    def after_jobs(self, batch_time: int) -> None:
+        for runtime in self.runtimes:
+            runtime.after_jobs(batch_time)
+
     def verify(self, batch_time: int) -> None:
         for runtime in self.runtimes:
             runtime.verify(batch_time)
