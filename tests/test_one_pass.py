@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +18,7 @@ from batchline.clock import ManualClock
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
 from batchline.sources import parsing
-from batchline.state import GroupStateTimeout
+from batchline.state import GroupStateTimeout, read_state
 from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import Count, running_count
 
@@ -182,3 +183,102 @@ def test_the_json_fast_path_flags_exactly_the_lines_the_reasons_name(spark):
     assert rows['{"key": "a", "value": "1"}'][parsing.REASON] == "field 'value': expected int, got 1"
     assert rows['{"value": 1}'][parsing.REASON] == "field 'key' is required but missing or null"
     assert rows['{"key": "a", "value": 1}']["value"] == 1
+
+
+# -------------------------------------------------------------------- a re-run shuffles only what it re-runs
+RERUN_PARTITIONS, USERS = 8, 64
+
+
+def test_the_filter_places_keys_as_spark_s_hash_partitioning_does(spark):
+    from pyspark.sql import functions as F
+
+    df = spark.range(0, 5000).selectExpr("id AS user", "cast(id AS string) AS name")
+    placed = df.repartition(RERUN_PARTITIONS, "user", "name").select(
+        "user", F.spark_partition_id().alias("spark"),
+        F.pmod(F.hash("user", "name"), F.lit(RERUN_PARTITIONS)).alias("ours"))
+    assert placed.where("spark != ours").count() == 0
+    assert placed.select("spark").distinct().count() == RERUN_PARTITIONS
+
+
+def shuffle_writes(spark, group: str) -> list[int]:
+    """Rows each stage of a job group's jobs wrote to a shuffle, for the stages that wrote any."""
+    store = spark.sparkContext._jsc.sc().statusStore()
+    tracker = spark.sparkContext.statusTracker()
+    stages = {stage for job in tracker.getJobIdsForGroup(group) for stage in tracker.getJobInfo(job).stageIds}
+    return sorted(n for n in (store.lastStageAttempt(stage).shuffleWriteRecords() for stage in stages) if n)
+
+
+def failing_once(checkpoint: str, marker: str, bad_user: int):
+    """A running count; in the second batch the call for ``bad_user`` waits until the other
+    partitions recorded their finish, then raises (once)."""
+
+    def fn(user, rows, state):
+        count = (state.get()[0] if state.exists else 0) + sum(1 for _ in rows)
+        if user == bad_user and state.exists and not os.path.exists(marker):
+            batch_dir = os.path.join(checkpoint, "events", f"{state.current_processing_time_ms():015d}")
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not (
+                    os.path.isdir(batch_dir) and sum(n.startswith("finished-counts-") for n in os.listdir(batch_dir))
+                    >= RERUN_PARTITIONS - 1):
+                time.sleep(0.05)
+            open(marker, "w").close()
+            raise RuntimeError("injected failure after the other partitions finished")
+        state.update((count,))
+        yield (user, count)
+
+    return fn
+
+
+def test_a_rerun_batch_shuffles_only_the_rows_of_the_partitions_it_reruns(spark, tmp_path):
+    from batchline.testing import END, list_stream
+
+    checkpoint, marker = str(tmp_path / "checkpoint"), str(tmp_path / "failed")
+    batches = [[(u, 1) for u in range(USERS)], [(u, 2) for u in range(USERS) for _ in range(3)], END]
+
+    def start(fn, start_ms):
+        clock = ManualClock(start_ms)
+        ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=checkpoint)
+        recorder, sink = BatchRecorder(), CollectSink()
+        ssc.add_listener(recorder)
+        list_stream(ssc, batches, "user long, n long", bounded=True).group_by_key("user").flat_map_groups_with_state(
+            fn, state_schema="count long", output_schema="user long, count long", name="counts",
+            num_partitions=RERUN_PARTITIONS).foreach_batch(sink)
+        ssc.start()
+        return ssc, clock, recorder, sink
+
+    ssc, clock, recorder, _ = start(failing_once(checkpoint, marker, bad_user=13), START)
+    try:
+        clock.advance(INTERVAL)
+        recorder.wait_for_batch(START + INTERVAL, 120)
+        clock.advance(INTERVAL)
+        with pytest.raises(Exception, match="injected failure"):
+            ssc.await_termination(120)
+    finally:
+        ssc.stop()
+    failed = START + 2 * INTERVAL
+
+    def fixed(user, rows, state):
+        count = (state.get()[0] if state.exists else 0) + sum(1 for _ in rows)
+        state.update((count,))
+        yield (user, count)
+
+    ssc, clock, recorder, sink = start(fixed, failed)
+    try:
+        info = recorder.wait_for_batch(failed, 120)
+        shuffled = shuffle_writes(spark, f"{ssc._scheduler.settings.job_group_prefix}-{failed}")
+    finally:
+        ssc.stop()
+    assert info.failure is None, info.failure
+    progress = info.state_operators["counts"]
+    assert progress.partitions_kept == RERUN_PARTITIONS - 1
+    # Into the state shuffle: the three rows of each user in user 13's partition, no others (then
+    # the state job's count sends one partial count per partition).
+    from pyspark.sql import functions as F
+    users = spark.range(USERS).withColumnRenamed("id", "user")
+    placed = users.select("user", F.pmod(F.hash("user"), F.lit(RERUN_PARTITIONS)).alias("p"))
+    rerun = placed.where(f"p = {placed.where('user = 13').first()['p']}").count()
+    assert shuffled == sorted([3 * rerun, RERUN_PARTITIONS]), (shuffled, rerun)
+    assert progress.input_rows == 3 * USERS  # the kept partitions' rows come from their finish records
+    assert sorted((r["user"], r["count"]) for r in sink.batches[failed]) == [(u, 4) for u in range(USERS)]
+    state = {r["user"]: r["count"] for r in read_state(spark, checkpoint, "counts").collect()}
+    assert state == {u: 4 for u in range(USERS)}

@@ -68,11 +68,14 @@ class StateOperatorProgress:
     output_rows: int
     state_keys: int
     watermark_ms: int | None
+    partitions_kept: int = 0
+    """Partitions of a batch re-run after a restart that kept what they had finished."""
 
     @classmethod
-    def of(cls, operator: str, stats: Stats, watermark_ms: int | None) -> StateOperatorProgress:
+    def of(cls, operator: str, stats: Stats, watermark_ms: int | None, partitions_kept: int = 0
+           ) -> StateOperatorProgress:
         return cls(operator, stats.rows, stats.late_rows, stats.keys_called, stats.updated, stats.removed,
-                   stats.timed_out, stats.output_rows, stats.state_keys, watermark_ms)
+                   stats.timed_out, stats.output_rows, stats.state_keys, watermark_ms, partitions_kept)
 
 
 class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]

@@ -25,6 +25,7 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
@@ -43,7 +44,7 @@ from batchline.state.operator import (
     run_batch_job,
 )
 from batchline.state.schema import RowSchema
-from batchline.state.store import STATE_DIR, FileStateStore, StateMetadata, StateStore
+from batchline.state.store import OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
 from batchline.streams.base import Watermark
 
@@ -134,6 +135,8 @@ class StatefulRuntime(StreamRuntime):
         self.max_event_time_ms: int | None = None
         self._stats: dict[int, Accumulator[Stats]] = {}
         self._ran: set[int] = set()
+        self._kept: dict[int, frozenset[int]] = {}
+        """Per re-run batch, the partitions that keep what they had finished (their output is stored)."""
         self._rerun_whole: set[int] = set()
         """Batches a restart re-runs whole: their partitions keep nothing they had finished."""
         self._commits = 0
@@ -275,12 +278,19 @@ class StatefulRuntime(StreamRuntime):
         )
         task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
         self._stats[batch_time] = stats
+        kept = self._kept.get(batch_time)
+        if kept:
+            # A re-run batch shuffles only the rows of the partitions it re-runs: the partition of a
+            # row is computed as Spark's hash partitioning does (Murmur3 of the keys, pmod n).
+            placement = F.pmod(F.hash(*node.key_names), F.lit(metadata.num_partitions))
+            df = df.where(~placement.isin(*sorted(kept)))
         out = df.repartition(metadata.num_partitions, *node.key_names).mapInArrow(task, node.output_schema.struct)
         return out.persist(StorageLevel.MEMORY_AND_DISK)
 
     def release(self, batch_time: int, df: DataFrame) -> None:
         df.unpersist()
         self._stats.pop(batch_time, None)
+        self._kept.pop(batch_time, None)
 
     def watermark_ms(self) -> int | None:
         event_time = self.node.event_time
@@ -322,7 +332,8 @@ class StatefulRuntime(StreamRuntime):
         self._ran.add(batch_time)
         if ending:
             self._drain(batch_time, stats)
-        self.env.input_info.report_operator(batch_time, StateOperatorProgress.of(self.name, stats, watermark))
+        self.env.input_info.report_operator(batch_time, StateOperatorProgress.of(
+            self.name, stats, watermark, len(self._kept.get(batch_time, ()))))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
@@ -337,10 +348,23 @@ class StatefulRuntime(StreamRuntime):
             events.forget_finished(batch_time, self.name, generation, partitions)
             self._rerun_whole.add(batch_time)
             return
-        kept = sum(events.finished(batch_time, self.name, generation, p) is not None for p in range(partitions))
+        kept = [p for p in range(partitions) if events.finished(batch_time, self.name, generation, p) is not None
+                and self._output_kept(generation, p, batch_time)]
         if kept:
+            self._kept[batch_time] = frozenset(kept)
             logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
-                        format_batch_time(batch_time), kept, partitions, self.name, partitions - kept)
+                        format_batch_time(batch_time), len(kept), partitions, self.name, partitions - len(kept))
+            logger.info("Batch %s: the rows of the kept partitions %s of operator %r are left out of its shuffle",
+                        format_batch_time(batch_time), kept, self.name)
+
+    def _output_kept(self, generation: int, partition: int, batch_time: int) -> bool:
+        """Whether a finished partition's output is there to be read back: only then are its
+        rows left out of the re-run's shuffle."""
+        try:
+            self._files.read_version(generation, partition, batch_time, OUTPUT)
+        except FileNotFoundError:
+            return False
+        return True
 
     def verify(self, batch_time: int) -> None:
         """Every state partition ran: a partition that did not would lose its keys' batch."""
