@@ -13,6 +13,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.api.stream import FileStream, QueueStream, Stream
+from batchline.api.warmup import warm_up
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import (
@@ -285,6 +286,7 @@ class StreamingContext:
                 raise ConfigurationError(
                     "stateful operators build each batch on the previous one; use concurrent_jobs=1"
                 )
+            warm_up(self.spark)  # in the background, while the checkpoint is read
             checkpoint = self._open_checkpoints()
             if checkpoint is not None and self._already_finished(checkpoint):
                 self._state = ContextState.STOPPED
