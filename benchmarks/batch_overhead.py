@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import threading
 import time
 
 from pyspark.sql import DataFrame, SparkSession
@@ -22,24 +21,11 @@ from pyspark.sql import functions as F
 
 from batchline import StreamingContext
 from batchline.clock import ManualClock
-from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.spark import local_spark_session
+from benchmarks.completions import Completions
 from benchmarks.machine import write_result
 
 INTERVAL_MS = 1000
-
-
-class _Completions(StreamingListener):
-    def __init__(self) -> None:
-        self.done = threading.Condition()
-        self.count = 0
-        self.finished_at: list[float] = []
-
-    def on_batch_completed(self, info: BatchInfo) -> None:
-        with self.done:
-            self.count += 1
-            self.finished_at.append(time.perf_counter())
-            self.done.notify_all()
 
 
 def _bare_events(spark: SparkSession, start: int, end: int) -> DataFrame:
@@ -67,17 +53,11 @@ def engine_batches(spark: SparkSession, records: int, batches: int) -> list[floa
     ssc = StreamingContext(spark, INTERVAL_MS / 1000, clock=clock)
     events = ssc.generator_stream(rate=records * 1000 / INTERVAL_MS)
     events.foreach_batch(lambda df, batch_time: df.collect())
-    completions = _Completions()
+    completions = Completions()
     ssc.add_listener(completions)
     ssc.start()
-    samples = []
     try:
-        for i in range(batches):
-            with completions.done:
-                began = time.perf_counter()
-                clock.set_time(11 * INTERVAL_MS + i * INTERVAL_MS)
-                completions.done.wait_for(lambda n=i + 1: completions.count >= n, 60)
-            samples.append(completions.finished_at[i] - began)
+        samples = [completions.next_batch(clock, INTERVAL_MS, 60) for _ in range(batches)]
     finally:
         ssc.stop()
     return samples

@@ -21,7 +21,6 @@ import random
 import shutil
 import statistics
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,10 +32,11 @@ from pyspark.sql import SparkSession
 from batchline import StreamingContext
 from batchline.clock import ManualClock
 from batchline.examples.sessionization import ClosedSession, UserSession, update_session
-from batchline.scheduler.listener import BatchInfo, StreamingListener
+from batchline.scheduler.listener import BatchInfo
 from batchline.sources.generator import USER_EVENT_SCHEMA
 from batchline.spark import local_spark_session
 from batchline.state import GroupStateTimeout
+from benchmarks.completions import Completions
 from benchmarks.machine import write_result
 
 INTERVAL_MS = 1000
@@ -94,19 +94,6 @@ def bare_batches(spark: SparkSession, paths: list[Path], out: Path) -> list[floa
 
 
 # ------------------------------------------------------------------ batchline
-class _Completions(StreamingListener):
-    def __init__(self) -> None:
-        self.done = threading.Condition()
-        self.infos: list[BatchInfo] = []
-        self.finished_at: list[float] = []
-
-    def on_batch_completed(self, info: BatchInfo) -> None:
-        with self.done:
-            self.infos.append(info)
-            self.finished_at.append(time.perf_counter())
-            self.done.notify_all()
-
-
 def engine_batches(spark: SparkSession, input_dir: Path, out: Path, checkpoint: Path, batches: int
                    ) -> tuple[list[float], list[BatchInfo]]:
     clock = ManualClock(1_000 * INTERVAL_MS)
@@ -116,21 +103,11 @@ def engine_batches(spark: SparkSession, input_dir: Path, out: Path, checkpoint: 
         update_session, state_schema=UserSession, output_schema=ClosedSession,
         timeout=GroupStateTimeout.PROCESSING_TIME, name="sessions", num_partitions=PARTITIONS,
     ).write_files(str(out), "parquet", name="sessions_out")
-    completions = _Completions()
+    completions = Completions()
     ssc.add_listener(completions)
     ssc.start()
-    samples = []
     try:
-        for i in range(batches):
-            with completions.done:
-                began = time.perf_counter()
-                clock.advance(INTERVAL_MS)
-                if not completions.done.wait_for(lambda n=i + 1: len(completions.infos) >= n, 120):
-                    raise TimeoutError(f"batch {i + 1} did not complete")
-            info = completions.infos[i]
-            if info.failure:
-                raise RuntimeError(info.failure)
-            samples.append(completions.finished_at[i] - began)
+        samples = [completions.next_batch(clock, INTERVAL_MS) for _ in range(batches)]
     finally:
         ssc.stop(graceful=False)
     return samples, completions.infos
