@@ -217,10 +217,10 @@ class FileReader(InputRuntime):
         reader = self.env.spark.read
         urls = [self._url(f) for f in files]
         if self.node.format == "parquet":
-            return reader.schema(self.node.schema).parquet(*urls).select(*self._columns().columns)
-        return self._columns().parse(reader.text(urls))
+            return reader.schema(self.node.schema).parquet(*urls).select(*self._line_parser().columns)
+        return self._line_parser().parse(reader.text(urls))
 
-    def _columns(self) -> parsing.LineParser:
+    def _line_parser(self) -> parsing.LineParser:
         """The source's parsing expressions, built on first use and reused by every batch."""
         if self._parser is None:
             node = self.node
