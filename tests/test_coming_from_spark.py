@@ -8,13 +8,14 @@ The port of Spark's own GroupState and flatMapGroupsWithState tests is in
 import datetime as dt
 import decimal
 import math
+import re
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
 
 from batchline.errors import ConfigurationError
-from batchline.state import GroupState, GroupStateTimeout, read_state
+from batchline.state import GroupState, GroupStateTimeout, StateFunctionError, read_state
 from batchline.state.group_state import NO_TIMESTAMP, TimeoutNotEnabledError
 from batchline.testing import StateFunctionTester
 from tests.test_stateful import Pipeline
@@ -40,11 +41,25 @@ def watermark_reader(key, rows, state):
     yield (key, watermark)
 
 
+def reader_tester(delay):
+    """The watermark reader under event-time timeouts, per key, with ``delay``."""
+    return StateFunctionTester(watermark_reader, "key", state_schema=Seen, output_schema="key string, wm long",
+                               timeout=GroupStateTimeout.EVENT_TIME, event_time_column="ts", watermark_delay=delay)
+
+
+def watermarks_on_spark(spark, tmp_path, delay):
+    """What the watermark reader reads in two batches on Spark: events at 1000 s, then 1001 s."""
+    p = Pipeline(spark, tmp_path, watermark_reader, state_schema=Seen, output_schema="key string, wm long",
+                 timeout=GroupStateTimeout.EVENT_TIME, watermark=delay).start()
+    try:
+        return p.batch([("a", 1, 1000)]), p.batch([("b", 1, 1001)])
+    finally:
+        p.stop()
+
+
 # -------------------------------------------------------------------- bug 1: the first batch's watermark
 def test_the_watermark_reads_0_in_the_first_batch_as_in_spark():
-    tester = StateFunctionTester(watermark_reader, "key", state_schema=Seen, output_schema="key string, wm long",
-                                 timeout=GroupStateTimeout.EVENT_TIME, event_time_column="ts",
-                                 watermark_delay="10 seconds")
+    tester = reader_tester("10 seconds")
     assert tester.process([{"key": "a", "ts": at(100)}]) == [{"key": "a", "wm": 0}]
     assert tester.process([{"key": "b", "ts": at(101)}]) == [{"key": "b", "wm": 90_000}]
 
@@ -67,19 +82,14 @@ def test_without_with_watermark_reading_it_still_fails_and_says_what_to_call():
         return []
 
     tester = StateFunctionTester(fn, "key", state_schema=Seen, output_schema="key string")
-    with pytest.raises(Exception, match=r"has no event-time watermark; call stream.with_watermark") as raised:
+    with pytest.raises(StateFunctionError, match=r"has no event-time watermark; call stream.with_watermark") as raised:
         tester.process([{"key": "a"}])
-    assert "TimeoutNotEnabledError" in str(raised.value)
+    assert "TimeoutNotEnabledError" in raised.value.python_traceback
 
 
 def test_the_first_batch_reads_watermark_0_on_spark(spark, tmp_path):
-    p = Pipeline(spark, tmp_path, watermark_reader, state_schema=Seen, output_schema="key string, wm long",
-                 timeout=GroupStateTimeout.EVENT_TIME, watermark="10 seconds").start()
-    try:
-        assert p.batch([("a", 1, 1000)]) == [{"key": "a", "wm": 0}]
-        assert p.batch([("b", 1, 1001)]) == [{"key": "b", "wm": 990_000}]
-    finally:
-        p.stop()
+    assert watermarks_on_spark(spark, tmp_path, "10 seconds") == ([{"key": "a", "wm": 0}],
+                                                                  [{"key": "b", "wm": 990_000}])
 
 
 # -------------------------------------------------------------------- bug 2: durations are milliseconds
@@ -203,18 +213,11 @@ def test_a_timer_without_state_survives_the_store_and_a_restart_on_spark(spark, 
 
 
 def test_a_watermark_delay_of_0_seconds_is_accepted_as_in_spark(spark, tmp_path):
-    tester = StateFunctionTester(watermark_reader, "key", state_schema=Seen, output_schema="key string, wm long",
-                                 timeout=GroupStateTimeout.EVENT_TIME, event_time_column="ts",
-                                 watermark_delay="0 seconds")
+    tester = reader_tester("0 seconds")
     tester.process([{"key": "a", "ts": at(100)}])
     assert tester.watermark_ms == 100_000
-    p = Pipeline(spark, tmp_path, watermark_reader, state_schema=Seen, output_schema="key string, wm long",
-                 timeout=GroupStateTimeout.EVENT_TIME, watermark="0 seconds").start()
-    try:
-        assert p.batch([("a", 1, 1000)]) == [{"key": "a", "wm": 0}]
-        assert p.batch([("b", 1, 1001)]) == [{"key": "b", "wm": 1_000_000}]
-    finally:
-        p.stop()
+    assert watermarks_on_spark(spark, tmp_path, "0 seconds") == ([{"key": "a", "wm": 0}],
+                                                                 [{"key": "b", "wm": 1_000_000}])
     with pytest.raises(ConfigurationError, match="must be zero or more"):
         StateFunctionTester(watermark_reader, "key", state_schema=Seen, output_schema="key string, wm long",
                             event_time_column="ts", watermark_delay=dt.timedelta(seconds=-1))
@@ -239,16 +242,10 @@ def test_late_rows_are_dropped_only_under_event_time_timeouts(timeout, late_drop
                                               ("setTimeoutDuration", "set_timeout_duration"),
                                               ("getCurrentWatermarkMs", "current_watermark_ms()")])
 def test_spark_method_names_say_the_batchline_name(spark_name, ours):
-    with pytest.raises(AttributeError, match=re_escape(ours)):
+    with pytest.raises(AttributeError, match=re.escape(ours)):
         getattr(state(), spark_name)
     with pytest.raises(AttributeError, match="has no attribute 'nonsense'"):
         state().nonsense  # noqa: B018 - the attribute access is the test
-
-
-def re_escape(text: str) -> str:
-    import re
-
-    return re.escape(text)
 
 
 def test_get_without_state_raises_what_pyspark_code_catches():
@@ -274,9 +271,7 @@ def test_a_row_at_the_watermark_is_late_as_in_spark():
 
 
 def test_the_watermark_never_goes_below_0_as_in_spark():
-    tester = StateFunctionTester(watermark_reader, "key", state_schema=Seen, output_schema="key string, wm long",
-                                 timeout=GroupStateTimeout.EVENT_TIME, event_time_column="ts",
-                                 watermark_delay="10 seconds")
+    tester = reader_tester("10 seconds")
     tester.process([{"key": "a", "ts": at(3)}])
     assert tester.watermark_ms == 0
     assert tester.process([{"key": "b", "ts": at(4)}]) == [{"key": "b", "wm": 0}]

@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 import pytest
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType
 
-from batchline import StreamingContext
+from batchline import BatchFailedError, StreamingContext
 from batchline.clock import ManualClock
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
@@ -251,7 +251,7 @@ def test_a_rerun_batch_shuffles_only_the_rows_of_the_partitions_it_reruns(spark,
         clock.advance(INTERVAL)
         recorder.wait_for_batch(START + INTERVAL, 120)
         clock.advance(INTERVAL)
-        with pytest.raises(Exception, match="injected failure"):
+        with pytest.raises(BatchFailedError, match="injected failure"):
             ssc.await_termination(120)
     finally:
         ssc.stop()

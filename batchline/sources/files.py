@@ -225,13 +225,7 @@ class FileReader(InputRuntime):
         if self._parser is None:
             node = self.node
             if node.format == "parquet":
-                self._parser = parsing.LineParser(F.lit(True), (
-                    *[F.col(name) for name in node.schema.fieldNames()],
-                    F.lit(True).alias(parsing.OK),
-                    F.lit(None).cast("string").alias(parsing.RAW),
-                    F.lit(None).cast("string").alias(parsing.REASON),
-                    F.col("_metadata.file_path").alias(parsing.SOURCE_FILE),
-                ))
+                self._parser = parsing.parquet_parser(node.schema)
             elif node.format == "json":
                 self._parser = parsing.json_parser(node.schema)
             elif node.format == "csv":

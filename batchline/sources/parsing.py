@@ -16,7 +16,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructField, StructType
 
 __all__ = ["DEAD_LETTER_SCHEMA", "OK", "RAW", "REASON", "SOURCE_FILE", "LineParser", "csv_parser", "json_parser",
-           "text_parser"]
+           "parquet_parser", "text_parser"]
 
 OK = "_bl_ok"
 RAW = "_bl_raw"
@@ -130,6 +130,14 @@ def csv_parser(schema: StructType, sep: str = ",", header: bool = False) -> Line
     ]
     reason = F.coalesce(*reasons)
     return _parser(schema, keep, typed, reason.isNull(), reason)
+
+
+def parquet_parser(schema: StructType) -> LineParser:
+    """Parquet rows, typed by the reader: every row is good (its columns are applied to the
+    reader's frame, with no lines to keep)."""
+    return LineParser(F.lit(True), (*[F.col(f.name) for f in schema.fields], F.lit(True).alias(OK),
+                                    F.lit(None).cast("string").alias(RAW), F.lit(None).cast("string").alias(REASON),
+                                    _source_file()))
 
 
 def text_parser() -> LineParser:

@@ -54,6 +54,11 @@ _SPARK_NAMES = {
 }
 
 
+def _whole_ms(number: numbers.Real | decimal.Decimal) -> int:
+    """Milliseconds as a whole number: a fraction rounds up, so a timeout is never early."""
+    return int(number) if isinstance(number, numbers.Integral) else math.ceil(float(number))
+
+
 def timeout_duration_ms(duration: object, what: str, allow_zero: bool = False) -> int:
     """A timeout duration as whole milliseconds: a number is milliseconds (as PySpark reads it),
     a string a duration such as "2 seconds" or "1 hour 30 minutes" (as Spark's interval strings,
@@ -67,7 +72,7 @@ def timeout_duration_ms(duration: object, what: str, allow_zero: bool = False) -
         value = float(duration)
         if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
             raise ConfigurationError(f"{what} must be a {least}, finite number of milliseconds; got {duration!r}")
-        return int(duration) if isinstance(duration, numbers.Integral) else math.ceil(value)
+        return _whole_ms(duration)
     if isinstance(duration, str):
         return _parse_text_duration(duration, what, allow_zero)
     if isinstance(duration, _dt.timedelta):
@@ -181,7 +186,7 @@ class GroupState(Generic[S]):
                 timestamp = timestamp.replace(tzinfo=_dt.UTC)
             timestamp_ms = int(timestamp.timestamp() * 1000)
         elif isinstance(timestamp, numbers.Real) and not isinstance(timestamp, bool) and math.isfinite(timestamp):
-            timestamp_ms = int(timestamp) if isinstance(timestamp, numbers.Integral) else math.ceil(timestamp)
+            timestamp_ms = _whole_ms(timestamp)
         else:
             raise ConfigurationError(f"timeout timestamp is epoch milliseconds (a number) or a datetime; got "
                                      f"{type(timestamp).__name__} {timestamp!r}")

@@ -296,7 +296,7 @@ class StatefulRuntime(StreamRuntime):
         event_time = self.node.event_time
         if event_time is None or self.max_event_time_ms is None:
             return None
-        return max(0, self.max_event_time_ms - event_time.delay_ms)  # as Spark's, never below 0
+        return event_time.after(self.max_event_time_ms)
 
     def prepare_job(self, batch_time: int) -> Job | None:
         if self.node.node_id not in self.env.consumed:
@@ -348,23 +348,16 @@ class StatefulRuntime(StreamRuntime):
             events.forget_finished(batch_time, self.name, generation, partitions)
             self._rerun_whole.add(batch_time)
             return
+        # Only a partition whose output is there to be read back keeps its work, and leaves its
+        # rows out of the re-run's shuffle.
         kept = [p for p in range(partitions) if events.finished(batch_time, self.name, generation, p) is not None
-                and self._output_kept(generation, p, batch_time)]
+                and self._files.has_version(generation, p, batch_time, OUTPUT)]
         if kept:
             self._kept[batch_time] = frozenset(kept)
             logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
                         format_batch_time(batch_time), len(kept), partitions, self.name, partitions - len(kept))
             logger.info("Batch %s: the rows of the kept partitions %s of operator %r are left out of its shuffle",
                         format_batch_time(batch_time), kept, self.name)
-
-    def _output_kept(self, generation: int, partition: int, batch_time: int) -> bool:
-        """Whether a finished partition's output is there to be read back: only then are its
-        rows left out of the re-run's shuffle."""
-        try:
-            self._files.read_version(generation, partition, batch_time, OUTPUT)
-        except FileNotFoundError:
-            return False
-        return True
 
     def verify(self, batch_time: int) -> None:
         """Every state partition ran: a partition that did not would lose its keys' batch."""

@@ -241,6 +241,10 @@ class StateStore(abc.ABC):
         """One version file with its header."""
 
     @abc.abstractmethod
+    def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
+        """Whether that version file is there, without reading it."""
+
+    @abc.abstractmethod
     def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
         """Delete one version file; nothing happens when it is already gone."""
 
@@ -398,6 +402,9 @@ class FileStateStore(StateStore):
         found = decode_version_file(self.storage.read(path), kind, self.storage.full_url(path))
         return self._check_header(found, generation, partition, version, kind, self.storage.full_url(path))
 
+    def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
+        return self.storage.exists(self._path(generation, partition, version, kind))
+
     def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
         self.storage.delete(self._path(generation, partition, version, kind))
 
@@ -465,6 +472,10 @@ class MemoryStateStore(StateStore):
             raise StateVersionError(f"{self.describe_partition(partition)} has no {kind} at version {version} in "
                                     f"{self.location}; list_versions() shows what the store holds")
         return self._check_header(decode_version_file(data, kind, where), generation, partition, version, kind, where)
+
+    def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
+        with self._lock:
+            return (generation, partition, version, kind) in self._files
 
     def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
         with self._lock:

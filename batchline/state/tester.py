@@ -49,6 +49,7 @@ from batchline.state.execution import PartitionCache, load_partition, run_partit
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import SNAPSHOT, FileHeader, MemoryStateStore, PartitionData, entries_table
+from batchline.streams.base import Watermark
 
 __all__ = ["StateFunctionTester"]
 
@@ -103,8 +104,9 @@ class StateFunctionTester:
         self.output_schema = RowSchema.of(output_schema)
         self.input_schema = RowSchema.of(input_schema) if input_schema is not None else None
         self.event_time_column = event_time_column
-        self.watermark_delay_ms = (parse_duration_ms(watermark_delay, "watermark delay", allow_zero=True)
-                                   if watermark_delay is not None else None)
+        self._watermark = (Watermark(event_time_column, parse_duration_ms(watermark_delay, "watermark delay",
+                                                                          allow_zero=True))
+                           if event_time_column is not None else None)
         self.store = MemoryStateStore(name)
         """The tester's state, as the operator's tasks would leave it in the checkpoint."""
         self.last_stats: Stats | None = None
@@ -153,8 +155,8 @@ class StateFunctionTester:
     def watermark_ms(self) -> int | None:
         """The event-time watermark the next batch uses: the newest event time of the batches
         so far minus the delay, or what ``advance_watermark`` set, whichever is later."""
-        derived = (max(0, self._max_event_time_ms - self.watermark_delay_ms)
-                   if self._max_event_time_ms is not None and self.watermark_delay_ms is not None else None)
+        derived = (self._watermark.after(self._max_event_time_ms)
+                   if self._max_event_time_ms is not None and self._watermark is not None else None)
         candidates = [w for w in (derived, self._watermark_floor_ms) if w is not None]
         return max(candidates) if candidates else None
 

@@ -72,6 +72,10 @@ class Watermark:
     column: str
     delay_ms: int
 
+    def after(self, max_event_time_ms: int) -> int:
+        """The watermark once ``max_event_time_ms`` was seen: minus the delay, never below 0 (as Spark's)."""
+        return max(0, max_event_time_ms - self.delay_ms)
+
 
 class StreamNode(ABC):
     """A stream in a pipeline's description: its parents and what it computes from them."""
