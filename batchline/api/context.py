@@ -6,13 +6,13 @@ import enum
 import logging
 import threading
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from batchline.api.stream import FileStream, QueueStream, Stream
+from batchline.api.stream import FileStream, InputStream, QueueStream, Stream
 from batchline.api.warmup import warm_up
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE
@@ -39,7 +39,10 @@ from batchline.sources.frames import DataFrameSource
 from batchline.sources.generator import GeneratorSource
 from batchline.sources.queue import QueueSource
 from batchline.sources.receiver import Receiver
+from batchline.sources.redis_streams import DEFAULT_SPLIT_SIZE, RedisStreamSource
 from batchline.sources.socket import ReceiverSource, SocketReceiver
+from batchline.sources.source import Source
+from batchline.sources.source_input import SourceInput
 from batchline.streams import PipelineRuntime, RuntimeEnv, StreamGraph, StreamRuntime
 
 __all__ = ["StreamingContext", "ContextState"]
@@ -233,6 +236,38 @@ class StreamingContext:
         self._check_can_add()
         node = DataFrameSource(self.batch_interval_ms, df, name, max_records_per_batch)
         return Stream(self.graph.add_input(node), self.graph)
+
+    def input(self, source: Source, *, name: str | None = None) -> InputStream:
+        """The batches of your own :class:`batchline.Source` (or a built-in one), under ``name``
+        (default: the source's class name; keep it stable: the checkpoint finds the input's
+        position by it). Records its ``read`` refuses go to ``stream.dead_letters``."""
+        self._check_can_add()
+        node = SourceInput(source, name or type(source).__name__, self.batch_interval_ms)
+        return InputStream(self.graph.add_input(node), self.graph)
+
+    def redis_stream(
+        self,
+        url: str,
+        streams: Sequence[str],
+        *,
+        name: str | None = None,
+        max_records_per_batch: int | None = None,
+        schema: StructType | None = None,
+        bounded: bool = False,
+        start: str = "earliest",
+        split_size: int = DEFAULT_SPLIT_SIZE,
+    ) -> InputStream:
+        """Entries of the Redis streams ``streams`` at ``url`` (``redis://host:port/db``): columns
+        ``stream``, ``id`` and ``fields`` (a map), or with ``schema`` the entry's fields parsed
+        into those columns (bad entries go to ``dead_letters`` with the reason). Each batch's
+        entry ids are logged, so a restart reads exactly the same entries again; a stream
+        trimmed past them fails the batch naming the missing ids. ``start``: "earliest" (the
+        whole stream) or "latest" (entries added after the first start). ``bounded``: read up
+        to the last entry present at the first start, then end. Batches are read in Spark tasks
+        of at most ``split_size`` entries each."""
+        source = RedisStreamSource(url, streams, max_records_per_batch=max_records_per_batch, schema=schema,
+                                   bounded=bounded, start=start, split_size=split_size)
+        return self.input(source, name=name or f"redis:{','.join(streams)}")
 
     def union(self, *streams: Stream) -> Stream:
         if not streams:
@@ -439,6 +474,7 @@ class StreamingContext:
             self._scheduler.shutdown(graceful)
             if final:
                 self._write_final_checkpoint()
+            self.pipeline.close_outputs()
             if self._checkpoints is not None:
                 self._checkpoints.close()
         finally:

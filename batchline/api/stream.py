@@ -17,15 +17,18 @@ from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.sinks.console import ConsoleSink
 from batchline.sinks.files import FileSink
+from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink
 from batchline.sources.files import FileSource
 from batchline.sources.queue import QueueSource
+from batchline.sources.source_input import SourceInput
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
 from batchline.streams.base import Watermark
 from batchline.streams.nodes import union_all
+from batchline.streams.sink import ForeachBatchSink, Sink
 
-__all__ = ["Stream", "KeyedStream", "FileStream", "QueueStream"]
+__all__ = ["Stream", "KeyedStream", "InputStream", "FileStream", "QueueStream"]
 
 
 class Stream:
@@ -88,35 +91,56 @@ class Stream:
         return self.transform(lambda df: df.groupBy().count())
 
     # ---------------------------------------------------------------- outputs
+    def write(self, sink: Sink, name: str | None = None) -> OutputOperation:
+        """Hand every batch to ``sink`` (a :class:`batchline.Sink`: your own, or a built-in one);
+        ``name`` is the output's stable name (default: the sink's class name)."""
+        return self.graph.add_output(self.node, sink, name or type(sink).__name__)
+
     def foreach_batch(self, fn: Callable[[DataFrame, BatchTime], Any], name: str | None = None) -> OutputOperation:
         """Call ``fn(df, batch_time)`` for every batch; ``batch_time`` is a stable id (epoch ms)."""
-        return self.graph.add_output(self.node, fn, name or "foreach_batch")
+        return self.graph.add_output(self.node, ForeachBatchSink(fn), name or "foreach_batch")
 
     def console(self, num_rows: int = 20, truncate: bool = True, name: str | None = None) -> OutputOperation:
         """Print the first rows of every batch under a header with the batch time."""
-        return self.graph.add_output(self.node, ConsoleSink(num_rows, truncate).write, name or "console",
-                                     reads_all_rows=False)
+        return self.graph.add_output(self.node, ConsoleSink(num_rows, truncate), name or "console")
 
     def write_files(self, path: str, format: str = "parquet", name: str | None = None,
                     storage_options: dict[str, Any] | None = None, **options: str) -> OutputOperation:
         """Write every non-empty batch as one directory ``batch_time=<ms>`` under ``path`` (a
         local path or fsspec URL, with ``storage_options``), exactly once across restarts."""
         sink = FileSink(path, format, options, storage_options=storage_options)
-        return self.graph.add_output(self.node, sink.write, name or f"files:{path}", sink)
+        return self.graph.add_output(self.node, sink, name or f"files:{path}")
+
+    def write_postgres(self, dsn: str, table: str, *, mode: str = "append", key: Sequence[str] = (),
+                       name: str | None = None, progress_table: str = PROGRESS_TABLE) -> OutputOperation:
+        """Write every batch into PostgreSQL ``table`` exactly once: rows are loaded with COPY
+        from the tasks into a staging table, then moved into ``table`` in one transaction with
+        a row of ``progress_table`` (pipeline, output, batch time, fencing token), so a batch
+        that runs again writes nothing twice and a driver that lost its lease writes nothing.
+        ``mode="upsert"`` inserts or updates by ``key`` (a primary key or unique index). The
+        stream's columns must be columns of ``table``, checked before anything is written."""
+        sink = PostgresSink(dsn, table, mode, key, progress_table)
+        return self.graph.add_output(self.node, sink, name or f"postgres:{table}")
 
     def __repr__(self) -> str:
         return f"Stream({self.node!r})"
 
 
-class FileStream(Stream):
-    """New files of a directory or prefix; bad lines go to ``dead_letters``."""
+class InputStream(Stream):
+    """An input's rows; the records it could not read go to ``dead_letters``."""
 
-    node: FileSource
+    node: FileSource | SourceInput
 
     @property
     def dead_letters(self) -> Stream:
         """The bad records: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
         return self._derive(self.node.dead_letters)
+
+
+class FileStream(InputStream):
+    """New files of a directory or prefix; bad lines go to ``dead_letters``."""
+
+    node: FileSource
 
 
 class QueueStream(Stream):

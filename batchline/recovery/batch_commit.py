@@ -155,8 +155,7 @@ class BatchCommit:
         if self.last_committed is None:
             raise ContextStateError("a final checkpoint needs a committed batch")
         checkpoint = self.checkpoint(self.last_committed, ())
-        commits = {op.name: op.sink.last_commit() if op.sink is not None else None
-                   for op in self.pipeline.graph.outputs}
+        commits = {op.name: op.sink.last_commit() for op in self.pipeline.graph.outputs}
         extra = {**checkpoint.extra, "final": {"finished_after": self.pipeline.finished_after(),
                                                "output_commits": commits}}
         return dataclasses.replace(checkpoint, extra=extra)

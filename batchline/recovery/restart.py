@@ -84,7 +84,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
     rerun = sorted(set(restored) & set(pending))
     for batch_time in rerun:
         # SPEC F2/F3: a re-run keeps what it finished durably, unless an input cannot replay.
-        unreplayable = pipeline.unreplayable(restored[batch_time])
+        unreplayable = pipeline.unreplayable(batch_time, restored[batch_time])
         if unreplayable:
             logger.warning("Batch %s read input(s) %s, which cannot give it the same data again; the whole batch "
                            "re-runs", format_batch_time(batch_time), unreplayable)

@@ -1,1 +1,2 @@
-"""Outputs: console, files (SPEC C2); foreach_batch is a plain function."""
+"""Outputs (SPEC C2) on the ``Sink`` interface (``batchline.streams.sink``): console, files,
+PostgreSQL; ``foreach_batch`` wraps a plain function."""

@@ -48,6 +48,7 @@ from pyspark.sql import DataFrame
 from batchline.batch_time import BatchTime
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, fsync_path, seal
 from batchline.errors import ConfigurationError, SinkError
+from batchline.streams.sink import BatchContext, Sink
 
 __all__ = ["FileSink", "FILE_SINK_FORMATS"]
 
@@ -65,7 +66,7 @@ _STAGED = pa.schema([("file", pa.string()), ("rows", pa.int64()), ("bytes", pa.i
 _STAGED_DDL = "file string, rows long, bytes long"
 
 
-class FileSink:
+class FileSink(Sink):
     """Writes batch ``t`` to ``<path>/batch_time=<t>/`` (a Hive-style partition readers understand),
     on a local path or any fsspec URL (``storage_options`` for its file system)."""
 
@@ -94,8 +95,9 @@ class FileSink:
         return {"path": self.path, "batch_time": last,
                 "record": None if last is None else self._storage.full_url(_record_name(last))}
 
-    def write(self, df: DataFrame, batch_time: BatchTime) -> None:
-        """Commit one batch, exactly once across crashes and restarts.
+    def write(self, df: DataFrame, batch: BatchContext | int) -> None:
+        """Commit one batch (a ``BatchContext``, or its time in ms), exactly once across crashes
+        and restarts.
 
         Step 1: a commit record of this batch exists: it was committed before; publish what is
                 missing of it (Step 5) and clean up (Step 6), without computing or writing it again.
@@ -107,7 +109,8 @@ class FileSink:
                 file that is not in place yet.
         Step 6: delete the batch's staging (with any leftovers of crashed attempts).
         """
-        time_ms = int(batch_time)
+        time_ms = int(batch.batch_time if isinstance(batch, BatchContext) else batch)
+        batch_time = BatchTime(time_ms)
         # Step 1
         record = self._read_record(time_ms)
         if record is not None:

@@ -12,8 +12,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 import fsspec
 from pyspark import StorageLevel
@@ -26,9 +25,10 @@ from batchline.checkpoint.storage import RawJson
 from batchline.errors import ConfigurationError, SourceError
 from batchline.scheduler.job import Job
 from batchline.sources import parsing
-from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamNode, StreamRuntime
+from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
+from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
 
-__all__ = ["FileSource", "FileReader", "DeadLetterNode", "FORMATS"]
+__all__ = ["FileSource", "FileReader", "FORMATS"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,21 +99,7 @@ class FileSource(InputNode):
         return FileReader(self, env, parents)
 
 
-@dataclass(frozen=True)
-class _ParsedBatch:
-    """A batch's parsed lines and the observation that counts them."""
-
-    frame: DataFrame
-    counts: Observation
-
-    def counted(self) -> bool:
-        """Whether a job that read every line has finished (without waiting for one)."""
-        # PySpark's Observation only offers a blocking get; its JVM side tells without waiting.
-        observation: Any = self.counts._jo  # noqa: SLF001
-        return observation is not None and bool(observation.future().isCompleted())
-
-
-class FileReader(InputRuntime):
+class FileReader(InputRuntime, DeadLetterReader):
     """A file source's run: the names it has taken, each batch's files, their parsed rows."""
 
     node: FileSource
@@ -125,7 +111,7 @@ class FileReader(InputRuntime):
         self._seen: set[str] = set()
         self._seen_json = bytearray()  # the seen names, JSON-encoded as they arrive
         self._batch_files: dict[int, list[str]] = {}
-        self._parsed: dict[int, _ParsedBatch] = {}
+        self._parsed: dict[int, CountedBatch] = {}
         self._parser: parsing.LineParser | None = None
         self._counting: tuple[Column, list[Column], list[Column]] | None = None
         """The ok flag, the counting metrics and the schema's columns, built once."""
@@ -255,7 +241,7 @@ class FileReader(InputRuntime):
         parsed = self._read(files).observe(counts, *metrics)
         if self._cache_lines:
             parsed = parsed.persist(StorageLevel.MEMORY_AND_DISK)
-        self._parsed[batch_time] = _ParsedBatch(parsed, counts)
+        self._parsed[batch_time] = CountedBatch(parsed, counts)
         return parsed.where(ok).select(*fields)
 
     @property
@@ -301,7 +287,7 @@ class FileReader(InputRuntime):
         if bad and self.node.dead_letters.node_id not in self.env.consumed:
             self._log_dead_letters(batch_time, bad)
 
-    def _parsed_batch(self, batch_time: int) -> _ParsedBatch:
+    def _parsed_batch(self, batch_time: int) -> CountedBatch:
         self.get_or_compute(batch_time)
         return self._parsed[batch_time]
 
@@ -326,18 +312,3 @@ class FileReader(InputRuntime):
         )
         for row in rows:
             logger.warning("Dead letter from %s: %s | raw: %s", row.source, row.reason, row.raw_record)
-
-
-class DeadLetterNode(StreamNode):
-    """The bad records of a file source: ``raw_record``, ``reason``, ``source``, ``batch_time``."""
-
-    def __init__(self, source: FileSource) -> None:
-        super().__init__([source])
-
-    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
-        return _DeadLetters(self, env, parents)
-
-
-class _DeadLetters(StreamRuntime):
-    def compute(self, batch_time: int) -> DataFrame:
-        return cast(FileReader, self.parents[0]).dead_letter_frame(batch_time)

@@ -8,6 +8,8 @@ it runs.
   batch's job, verify it, carry progress across restarts, move on at commit).
 - ``nodes``: transformations, windows and watermarks.
 - ``inputs``: the runtime contract of an input (allocate a batch's data, log it, replay it).
+- ``sink``: the interface every output implements (``Sink``), and ``output`` the operation
+  that hands it each batch.
 - ``graph``: the description of a whole pipeline (its inputs and output operations), and
   ``pipeline`` the running graph built from it at ``start()``.
 
@@ -21,8 +23,11 @@ from batchline.streams.inputs import InputNode, InputRuntime, RangeReader
 from batchline.streams.nodes import TransformNode, WatermarkNode, WindowNode
 from batchline.streams.output import OutputOperation
 from batchline.streams.pipeline import PipelineRuntime
+from batchline.streams.sink import BatchContext, ForeachBatchSink, Sink, SinkContext
 
 __all__ = [
+    "BatchContext",
+    "ForeachBatchSink",
     "InputNode",
     "InputRuntime",
     "OutputOperation",
@@ -30,6 +35,8 @@ __all__ = [
     "RangeReader",
     "Readers",
     "RuntimeEnv",
+    "Sink",
+    "SinkContext",
     "StreamGraph",
     "StreamNode",
     "StreamRuntime",

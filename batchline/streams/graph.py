@@ -4,16 +4,12 @@ name, output operations by unique name, and what nodes keep at the checkpoint lo
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
-from typing import Any
 
-from pyspark.sql import DataFrame
-
-from batchline.batch_time import BatchTime
 from batchline.errors import ConfigurationError, NoOutputOperationError
 from batchline.streams.base import Readers, StreamNode
 from batchline.streams.inputs import InputNode
 from batchline.streams.output import OutputOperation
+from batchline.streams.sink import Sink
 
 __all__ = ["StreamGraph"]
 
@@ -37,11 +33,14 @@ class StreamGraph:
             self.inputs.append(node)
             return node
 
-    def add_output(self, node: StreamNode, fn: Callable[[DataFrame, BatchTime], Any], name: str,
-                   sink: Any = None, reads_all_rows: bool = True) -> OutputOperation:
+    def add_output(self, node: StreamNode, sink: Sink, name: str) -> OutputOperation:
+        """Register an output; its name becomes unique ("console", "console-2", ...)."""
+        if not isinstance(sink, Sink):
+            raise ConfigurationError(
+                f"an output takes a batchline.Sink; got {sink!r}. Subclass batchline.Sink (write(df, batch)), "
+                "or pass a function to stream.foreach_batch(fn)")
         with self._lock:
-            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, fn, sink,
-                                        reads_all_rows)
+            operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, sink)
             self.outputs.append(operation)
             return operation
 

@@ -116,6 +116,12 @@ class InputRuntime(StreamRuntime):
                            batch_time)
         self.report(batch_time, num_records=0)
 
+    def can_replay(self, batch_time: int) -> bool:
+        """After a restart gave ``batch_time`` its logged allocation: whether reading it again
+        gives the same data (else the batch re-runs whole, without it; SPEC F3). A source
+        may raise ``SourceError`` instead, naming what is gone."""
+        return self.node.replayable
+
     def snapshot(self) -> dict[str, Any]:
         """The source's position, for a checkpoint."""
         return {}

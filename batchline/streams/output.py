@@ -2,33 +2,38 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
-
-from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
 from batchline.scheduler.job import Job
 from batchline.streams.base import StreamNode, StreamRuntime
+from batchline.streams.sink import NO_FENCING_TOKEN, BatchContext, Sink, SinkContext
 
-__all__ = ["OutputOperation"]
+__all__ = ["OutputOperation", "pipeline_identity"]
+
+
+def pipeline_identity(runtime: StreamRuntime) -> str:
+    """What sinks key their commits by: the checkpoint location, or "batchline" without one."""
+    checkpoint = runtime.env.checkpoint
+    return checkpoint.storage.url if checkpoint is not None else "batchline"
 
 
 @dataclass(frozen=True)
 class OutputOperation:
-    """``fn(df, batch_time)`` for every batch of ``node``, under a name unique in the pipeline."""
+    """``sink.write(df, batch)`` for every batch of ``node``, under a name unique in the pipeline."""
 
     name: str
     node: StreamNode
-    fn: Callable[[DataFrame, BatchTime], Any]
+    sink: Sink
 
-    sink: Any = None
-    """The object behind ``fn`` when it keeps commits of its own (``last_commit()``), for the
-    final checkpoint (SPEC G3)."""
-    reads_all_rows: bool = True
-    """Whether ``fn`` reads every row of its DataFrame (a write does; ``console``'s ``show``
-    does not). An input's counts come from the first job that reads all of its rows."""
+    @property
+    def reads_all_rows(self) -> bool:
+        """Whether the sink reads every row (a write does; ``console``'s ``show`` does not).
+        An input's counts come from the first job that reads all of its rows."""
+        return self.sink.reads_all_rows
+
+    def open(self, runtime: StreamRuntime) -> None:
+        self.sink.open(SinkContext(pipeline_identity(runtime), self.name))
 
     def job(self, runtime: StreamRuntime, batch_time: int) -> Job | None:
         """The batch's job; none once the stream has finished (SPEC G1: finished streams run
@@ -39,10 +44,13 @@ class OutputOperation:
         df = runtime.get_or_compute(batch_time)
         if df is None:
             return None
-        fn, stamp = self.fn, BatchTime(batch_time)
+        sink, pipeline, stamp = self.sink, pipeline_identity(runtime), BatchTime(batch_time)
+        checkpoint = runtime.env.checkpoint
 
         def run() -> None:
             if not runtime.finished_before(batch_time):
-                fn(df, stamp)
+                # The token as the job runs: the one this driver's commit marker will carry.
+                token = checkpoint.lease.token if checkpoint is not None else None
+                sink.write(df, BatchContext(stamp, self.name, pipeline, NO_FENCING_TOKEN if token is None else token))
 
         return Job(batch_time, self.name, run)

@@ -74,6 +74,15 @@ class PipelineRuntime:
                     )
         for runtime in self.runtimes:
             runtime.open()
+        for operation in self.graph.outputs:
+            operation.open(self.runtime_of(operation.node))
+
+    def close_outputs(self) -> None:
+        for operation in self.graph.outputs:
+            try:
+                operation.sink.close()
+            except Exception:  # noqa: BLE001 (the pipeline stops either way)
+                logger.exception("Closing output %s failed", operation.name)
 
     def start_inputs(self) -> None:
         for stream in self.inputs:
@@ -171,9 +180,10 @@ class PipelineRuntime:
         finished = {i: r.finished_partitions() for i, r in enumerate(order)}
         return [(order[v], p) for v, p in tasks_to_trigger(vertices, finished, work)]
 
-    def unreplayable(self, allocations: dict[str, dict[str, Any]]) -> list[str]:
-        """The inputs of a logged batch that cannot give it the same data again."""
-        return [s.name for s in self.inputs if s.name in allocations and not s.node.replayable]
+    def unreplayable(self, batch_time: int, allocations: dict[str, dict[str, Any]]) -> list[str]:
+        """The inputs of a logged batch (given back its allocations) that cannot give it the
+        same data again."""
+        return [s.name for s in self.inputs if s.name in allocations and not s.can_replay(batch_time)]
 
     def recover_batch(self, batch_time: int, whole: bool) -> None:
         for runtime in self.runtimes:

@@ -1,0 +1,384 @@
+"""Batches into a PostgreSQL table, exactly once (SPEC C2), on the Sink interface.
+
+Each batch goes in three steps:
+
+1. If the progress table holds a row for (pipeline, output, batch time), the batch was
+   committed before: nothing is computed or written again.
+2. The Spark tasks load their partition's rows with ``COPY`` (psycopg 3, CSV written by
+   Arrow) into an unlogged staging table of this attempt. Each task replaces its own
+   partition's rows in one transaction, so a retried or speculative task never doubles them.
+3. The driver moves the staged rows into the table and adds the batch's progress row, in one
+   transaction: under a lock per (pipeline, output), it skips a batch already recorded and
+   refuses a fencing token older than the newest recorded one (a driver that lost its
+   checkpoint lease). Then the staging table is dropped.
+
+``mode="append"`` inserts the rows in batch order; ``mode="upsert"`` inserts or updates by
+``key`` (``INSERT ... ON CONFLICT``; of several rows with one key in a batch, the last wins).
+The stream's columns are checked against the table's before the first batch writes anything.
+The DSN's password never appears in logs, errors or checkpoints.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import uuid
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql import DataFrame
+from pyspark.sql.types import StructType
+
+from batchline.checkpoint.lease import FencedError
+from batchline.errors import ConfigurationError, SinkError
+from batchline.streams.sink import BatchContext, Sink, SinkContext
+
+__all__ = ["PostgresSink", "PROGRESS_TABLE", "describe_dsn"]
+
+logger = logging.getLogger(__name__)
+
+PROGRESS_TABLE = "batchline_progress"
+_STAGE_PREFIX = "_batchline_stage_"
+_PART, _ROW = "_batchline_part", "_batchline_row"
+_MODES = ("append", "upsert")
+
+# Spark's type -> PostgreSQL's types (information_schema's data_type) a value of it goes into.
+_TEXT = ("text", "character varying", "character", "json", "jsonb", "uuid")
+_COMPATIBLE: dict[str, tuple[str, ...]] = {
+    "string": _TEXT,
+    "tinyint": ("smallint", "integer", "bigint", "numeric"),
+    "smallint": ("smallint", "integer", "bigint", "numeric"),
+    "int": ("integer", "bigint", "numeric"),
+    "bigint": ("bigint", "numeric"),
+    "float": ("real", "double precision", "numeric"),
+    "double": ("double precision", "numeric"),
+    "boolean": ("boolean",),
+    "decimal": ("numeric",),
+    "timestamp": ("timestamp with time zone", "timestamp without time zone"),
+    "timestamp_ntz": ("timestamp without time zone",),
+    "date": ("date",),
+}
+
+
+def describe_dsn(dsn: str) -> str:
+    """The DSN as logs and errors show it: user, host, port and database, never the password."""
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        parts = conninfo_to_dict(dsn)
+    except Exception:  # noqa: BLE001 (a malformed DSN is reported without its text)
+        return "postgresql://(malformed DSN)"
+    user = f"{parts['user']}@" if parts.get("user") else ""
+    port = f":{parts['port']}" if parts.get("port") else ""
+    return f"postgresql://{user}{parts.get('host', 'localhost')}{port}/{parts.get('dbname', '')}"
+
+
+class PostgresSink(Sink):
+    """Every batch into ``table`` (``name`` or ``schema.name``) of the database at ``dsn``."""
+
+    def __init__(self, dsn: str, table: str, mode: str = "append", key: Sequence[str] = (),
+                 progress_table: str = PROGRESS_TABLE) -> None:
+        if mode not in _MODES:
+            raise ConfigurationError(f"write_postgres mode is 'append' or 'upsert'; got {mode!r}")
+        if isinstance(key, str):
+            key = [key]
+        if mode == "upsert" and not key:
+            raise ConfigurationError("write_postgres(mode='upsert') needs key=[...]: the columns rows are matched by")
+        if mode == "append" and key:
+            raise ConfigurationError("key=... is for mode='upsert'; leave it out to append")
+        try:
+            import psycopg  # noqa: F401
+        except ImportError as error:
+            raise ConfigurationError(
+                "writing to PostgreSQL needs psycopg 3: pip install 'batchline[postgres]'") from error
+        self._dsn = dsn
+        self.table = table
+        self.mode = mode
+        self.key = list(key)
+        self.progress_table = progress_table
+        self.where = describe_dsn(dsn)
+        self._password = _password(dsn)
+        self._context: SinkContext | None = None
+        self._columns: dict[str, tuple[str, bool, bool]] = {}
+        """The table's columns: name -> (data type, nullable, has a default)."""
+        self._checked: StructType | None = None
+        self._last_commit: int | None = None
+
+    def __repr__(self) -> str:
+        return f"PostgresSink({self.where!r}, {self.table!r}, mode={self.mode!r})"
+
+    # ---------------------------------------------------------------- the Sink interface
+    def open(self, context: SinkContext) -> None:
+        """Reach the database, find the table and its key, create the progress table, drop
+        staging tables a crashed run left."""
+        from psycopg import sql
+
+        self._context = context
+        with self._connect() as conn:
+            self._columns = self._table_columns(conn)
+            if self.mode == "upsert":
+                self._check_key(conn)
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('batchline_progress_ddl', 0))")
+                conn.execute(sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (pipeline text NOT NULL, output text NOT NULL, "
+                    "batch_time bigint NOT NULL, fencing_token bigint NOT NULL, rows bigint NOT NULL, "
+                    "committed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (pipeline, output, batch_time))"
+                ).format(sql.Identifier(*self.progress_table.split("."))))
+            for (name,) in conn.execute(
+                    "SELECT tablename FROM pg_tables WHERE tablename LIKE %s",
+                    (_STAGE_PREFIX.replace("_", r"\_") + self._digest() + "%",)).fetchall():
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(name)))
+                logger.info("Dropped staging table %s, left by a run of output %s that stopped mid-batch", name,
+                            context.output)
+            conn.commit()
+
+    def write(self, df: DataFrame, batch: BatchContext) -> None:
+        context = self._context
+        if context is None:
+            raise SinkError("the PostgreSQL output was not opened; this is a bug in batchline")
+        time_ms = int(batch.batch_time)
+        try:
+            with self._connect() as conn:
+                if self._recorded(conn, context, time_ms) is not None:
+                    logger.info("Batch %s was committed to %s before; not writing it again", batch.batch_time,
+                                self.table)
+                    self._last_commit = max(time_ms, self._last_commit or time_ms)
+                    return
+                self._check_schema(df.schema)
+                stage = self._create_stage(conn, df.schema)
+            try:
+                staged = sum(row["rows"] for row in df.mapInArrow(self._copier(stage, df.schema),
+                                                                  "part int, rows long").collect())
+                with self._connect() as conn:
+                    moved = self._commit(conn, context, batch, stage, df.schema)
+            finally:
+                self._drop(stage)
+        except (FencedError, ConfigurationError, SinkError):
+            raise
+        except Exception as error:
+            raise SinkError(
+                f"writing batch {batch.batch_time} to {self.table} at {self.where} failed: {self._scrub(error)}. "
+                "Nothing of the batch is in the table; it runs again (retries, or the next start)") from None
+        if moved is not None:
+            logger.debug("Batch %s: %d rows into %s (%d staged)", batch.batch_time, moved, self.table, staged)
+        self._last_commit = max(time_ms, self._last_commit or time_ms)
+
+    def last_commit(self) -> dict[str, Any] | None:
+        return {"table": self.table, "batch_time": self._last_commit}
+
+    # ---------------------------------------------------------------- steps
+    def _commit(self, conn: Any, context: SinkContext, batch: BatchContext, stage: str,
+                schema: StructType) -> int | None:
+        """Step 3: the staged rows and the progress row in one transaction (None: committed before)."""
+        from psycopg import sql
+
+        time_ms = int(batch.batch_time)
+        progress = sql.Identifier(*self.progress_table.split("."))
+        with conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))",
+                         (f"{context.pipeline}\n{context.output}",))
+            if self._recorded(conn, context, time_ms) is not None:
+                logger.warning("Batch %s was committed to %s by another driver meanwhile; discarding this one",
+                               batch.batch_time, self.table)
+                return None
+            newest = conn.execute(sql.SQL("SELECT max(fencing_token) FROM {} WHERE pipeline = %s AND output = %s")
+                                  .format(progress), (context.pipeline, context.output)).fetchone()[0]
+            if newest is not None and newest > batch.fencing_token:
+                raise FencedError(
+                    f"output {context.output}: this driver's lease token {batch.fencing_token} is older than token "
+                    f"{newest}, recorded in {self.progress_table} by a driver that took the checkpoint location "
+                    f"over; batch {batch.batch_time} is not written. Run one driver per checkpoint location")
+            cursor = conn.execute(self._insert(stage, schema))
+            moved = cursor.rowcount
+            conn.execute(sql.SQL("INSERT INTO {} (pipeline, output, batch_time, fencing_token, rows) "
+                                 "VALUES (%s, %s, %s, %s, %s)").format(progress),
+                         (context.pipeline, context.output, time_ms, batch.fencing_token, moved))
+        return int(moved)
+
+    def _insert(self, stage: str, schema: StructType) -> Any:
+        from psycopg import sql
+
+        columns = sql.SQL(", ").join(sql.Identifier(name) for name in schema.fieldNames())
+        target, source = sql.Identifier(*self.table.split(".")), sql.Identifier(stage)
+        if self.mode == "append":
+            return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}, {}").format(
+                target, columns, columns, source, sql.Identifier(_PART), sql.Identifier(_ROW))
+        keys = sql.SQL(", ").join(sql.Identifier(name) for name in self.key)
+        others = [name for name in schema.fieldNames() if name not in self.key]
+        action = sql.SQL("DO NOTHING") if not others else sql.SQL("DO UPDATE SET {}").format(
+            sql.SQL(", ").join(sql.SQL("{} = EXCLUDED.{}").format(sql.Identifier(n), sql.Identifier(n))
+                               for n in others))
+        return sql.SQL("INSERT INTO {} ({}) SELECT DISTINCT ON ({}) {} FROM {} ORDER BY {}, {} DESC, {} DESC "
+                       "ON CONFLICT ({}) {}").format(target, columns, keys, columns, source, keys,
+                                                     sql.Identifier(_PART), sql.Identifier(_ROW), keys, action)
+
+    def _create_stage(self, conn: Any, schema: StructType) -> str:
+        """An unlogged table for this attempt's rows: the stream's columns as the table has
+        them, and each row's partition and place in it."""
+        from psycopg import sql
+
+        stage = f"{_STAGE_PREFIX}{self._digest()}_{uuid.uuid4().hex[:12]}"
+        columns = sql.SQL(", ").join(sql.Identifier(name) for name in schema.fieldNames())
+        conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} WITH NO DATA").format(
+            sql.Identifier(stage), columns, sql.Identifier(*self.table.split("."))))
+        conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} integer NOT NULL, ADD COLUMN {} bigint NOT NULL").format(
+            sql.Identifier(stage), sql.Identifier(_PART), sql.Identifier(_ROW)))
+        conn.commit()
+        return stage
+
+    def _drop(self, stage: str) -> None:
+        from psycopg import sql
+
+        try:
+            with self._connect() as conn:
+                conn.execute(sql.SQL("DROP TABLE IF EXISTS {}").format(sql.Identifier(stage)))
+                conn.commit()
+        except Exception as error:  # noqa: BLE001 (the next start drops it)
+            logger.warning("Could not drop staging table %s (%s); the next start drops it", stage,
+                           self._scrub(error))
+
+    def _copier(self, stage: str, schema: StructType) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+        return _partition_copier(self._dsn, stage, schema.fieldNames())
+
+    def _recorded(self, conn: Any, context: SinkContext, time_ms: int) -> Any:
+        from psycopg import sql
+
+        row = conn.execute(sql.SQL("SELECT fencing_token FROM {} WHERE pipeline = %s AND output = %s AND "
+                                   "batch_time = %s").format(sql.Identifier(*self.progress_table.split("."))),
+                           (context.pipeline, context.output, time_ms)).fetchone()
+        return None if row is None else row[0]
+
+    # ---------------------------------------------------------------- checks
+    def _table_columns(self, conn: Any) -> dict[str, tuple[str, bool, bool]]:
+        schema_name, _, name = self.table.rpartition(".")
+        rows = conn.execute(
+            "SELECT column_name, data_type, is_nullable = 'YES', column_default IS NOT NULL OR is_identity = 'YES' "
+            "FROM information_schema.columns WHERE table_name = %s AND table_schema = COALESCE(NULLIF(%s, ''), "
+            "current_schema()) ORDER BY ordinal_position", (name, schema_name)).fetchall()
+        if not rows:
+            raise ConfigurationError(
+                f"table {self.table} does not exist in {self.where}; create it first (CREATE TABLE {self.table} "
+                "(...) with the stream's columns)")
+        return {column: (kind, nullable, default) for column, kind, nullable, default in rows}
+
+    def _check_key(self, conn: Any) -> None:
+        missing = [k for k in self.key if k not in self._columns]
+        if missing:
+            raise ConfigurationError(f"key column(s) {missing} are not columns of table {self.table}")
+        unique = conn.execute(
+            "SELECT array_agg(a.attname::text) FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid AND "
+            "a.attnum = ANY(i.indkey) WHERE i.indrelid = %s::regclass AND i.indisunique GROUP BY i.indexrelid",
+            (self.table,)).fetchall()
+        if not any(set(columns) == set(self.key) for (columns,) in unique):
+            raise ConfigurationError(
+                f"upsert into {self.table} by {self.key} needs a primary key or unique index on exactly those "
+                f"columns; add one: ALTER TABLE {self.table} ADD PRIMARY KEY ({', '.join(self.key)})")
+
+    def _check_schema(self, schema: StructType) -> None:
+        """Every stream column is a table column of a type its values go into; every table
+        column the stream lacks may be left out (nullable or with a default)."""
+        if self._checked == schema:
+            return
+        problems = []
+        for field in schema.fields:
+            kind = field.dataType.simpleString().split("(")[0]
+            found = self._columns.get(field.name)
+            if found is None:
+                problems.append(f"column {field.name!r} is in the stream but not in the table (add it, or drop it "
+                                "from the stream with select)")
+            elif kind not in _COMPATIBLE:
+                problems.append(f"column {field.name!r} is {kind} in the stream, which is not written to PostgreSQL; "
+                                "turn it into text first (to_json for arrays, maps and structs)")
+            elif found[0] not in _COMPATIBLE[kind]:
+                problems.append(f"column {field.name!r} is {kind} in the stream but {found[0]} in the table (make "
+                                f"the table's one of: {', '.join(_COMPATIBLE[kind])}; or cast it in the stream)")
+        for column, (_, nullable, default) in self._columns.items():
+            if column not in schema.fieldNames() and not nullable and not default:
+                problems.append(f"table column {column!r} is NOT NULL without a default, and the stream has no "
+                                "such column")
+        if problems:
+            raise ConfigurationError(
+                f"the stream's columns do not fit table {self.table} at {self.where}: " + "; ".join(problems)
+                + ". Nothing was written")
+        self._checked = schema
+
+    # ---------------------------------------------------------------- connections
+    def _connect(self) -> Any:
+        import psycopg
+
+        try:
+            return psycopg.connect(self._dsn, connect_timeout=10)
+        except psycopg.Error as error:
+            raise SinkError(f"cannot connect to {self.where}: {self._scrub(error)}. Check that the server is up and "
+                            "the DSN's user, password and database are right") from None
+
+    def _scrub(self, error: BaseException) -> str:
+        text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        return text.replace(self._password, "***") if self._password else text
+
+    def _digest(self) -> str:
+        context = self._context
+        key = f"{context.pipeline}\n{context.output}" if context else self.table
+        return hashlib.sha1(key.encode()).hexdigest()[:10]
+
+
+def _password(dsn: str) -> str | None:
+    from psycopg.conninfo import conninfo_to_dict
+
+    try:
+        password = conninfo_to_dict(dsn).get("password")
+        return str(password) if password else None
+    except Exception:  # noqa: BLE001
+        return None
+
+
+# ------------------------------------------------------------------------------ in the tasks
+def _partition_copier(dsn: str, stage: str,
+                      columns: list[str]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """Each task: its partition's rows into the staging table with ``COPY``, replacing what
+    an earlier attempt of the same partition staged, in one transaction."""
+
+    def copy_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        import psycopg
+        import pyarrow.csv as csv
+        from psycopg import sql
+        from pyspark import TaskContext
+
+        rows = (batch for batch in batches if batch.num_rows)
+        first = next(rows, None)
+        context = TaskContext.get()
+        part = context.partitionId() if context else 0
+        if first is None:
+            return
+        lock = int.from_bytes(hashlib.sha1(stage.encode()).digest()[:4], "big", signed=True)
+        names = sql.SQL(", ").join(sql.Identifier(name) for name in [*columns, _PART, _ROW])
+        options = csv.WriteOptions(include_header=False)
+        count = 0
+        with psycopg.connect(dsn, connect_timeout=10) as conn:
+            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
+            conn.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(sql.Identifier(stage), sql.Identifier(_PART)),
+                         (part,))
+            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
+                    sql.Identifier(stage), names)) as copy:
+                for batch in _chain(first, rows):
+                    numbered = pa.RecordBatch.from_arrays(
+                        [*batch.columns, pa.array([part] * batch.num_rows, pa.int32()),
+                         pa.array(range(count, count + batch.num_rows), pa.int64())],
+                        names=[*batch.schema.names, _PART, _ROW])
+                    buffer = io.BytesIO()
+                    csv.write_csv(numbered, buffer, options)
+                    copy.write(buffer.getbuffer())
+                    count += batch.num_rows
+            conn.commit()
+        yield pa.RecordBatch.from_pylist([{"part": part, "rows": count}],
+                                         schema=pa.schema([("part", pa.int32()), ("rows", pa.int64())]))
+
+    return copy_partition
+
+
+def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    yield first
+    yield from rest

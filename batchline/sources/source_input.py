@@ -1,0 +1,274 @@
+"""How the engine runs a :class:`Source`: plan and log each batch, read its splits in Spark
+tasks, count good and bad rows in the job that consumes them, replay after a restart.
+
+The batch log holds each batch's ``SourceBatch`` (positions and splits, JSON); the checkpoint
+holds the position after the last logged batch and, for a bounded source, its end of input.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any
+
+import pyarrow as pa
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, Observation
+from pyspark.sql import functions as F
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.types import StringType, StructField, StructType
+
+from batchline.batch_time import format_batch_time
+from batchline.errors import ConfigurationError, SourceError
+from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
+from batchline.sources.parsing import DEAD_LETTER_SCHEMA, RAW, REASON
+from batchline.sources.source import DeadLetter, Source, SourceBatch, Split
+from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
+
+__all__ = ["SourceInput", "SourceReader"]
+
+logger = logging.getLogger(__name__)
+
+_ROWS_PER_ARROW_BATCH = 8192
+_DEAD_LETTERS_LOGGED_PER_BATCH = 20
+
+
+class SourceInput(InputNode):
+    """A pipeline's input over a user's (or a built-in) :class:`Source`; ``dead_letters`` is
+    the stream of the records its ``read`` refused."""
+
+    replayable = True  # whether a logged batch still can be is the source's call (can_replay)
+
+    def __init__(self, source: Source, name: str, batch_interval_ms: int) -> None:
+        if not isinstance(source, Source):
+            raise ConfigurationError(
+                f"ssc.input() takes a batchline.Source; got {source!r}. Subclass batchline.Source (schema, "
+                "initial_position, plan, read)")
+        schema = source.schema()
+        if not isinstance(schema, StructType):
+            raise ConfigurationError(f"{type(source).__name__}.schema() must return a StructType; got {schema!r}")
+        super().__init__(name, batch_interval_ms, bounded=source.bounded)
+        self.source = source
+        self.schema = schema
+        self.dead_letters = DeadLetterNode(self)
+
+    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> SourceReader:
+        return SourceReader(self, env, parents)
+
+
+class SourceReader(InputRuntime, DeadLetterReader):
+    node: SourceInput
+
+    def __init__(self, node: SourceInput, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
+        self.source = node.source
+        self.position: dict[str, Any] | None = None
+        self.end_of_input: dict[str, Any] | None = None
+        self._batches: dict[int, SourceBatch] = {}
+        self._read: dict[int, CountedBatch] = {}
+        self._columns = [F.col(name) for name in node.schema.fieldNames()]
+        self._metrics = [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
+                         F.count(F.col(REASON)).alias("dead_letters")]
+
+    # ---------------------------------------------------------------- positions
+    def open(self) -> None:
+        self.source.open()
+        if self.position is None:
+            self.position = dict(self.source.initial_position())
+        if self.node.bounded and self.end_of_input is None:
+            self.end_of_input = dict(self.source.end_of_input())
+            logger.info("Bounded input %s reads up to %s, where it stood at its first start", self.name,
+                        self.end_of_input)
+
+    def stop(self, graceful: bool) -> None:
+        try:
+            self.source.close()
+        except Exception:  # noqa: BLE001 (stopping goes on)
+            logger.exception("Closing input %s failed", self.name)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {"position": self.position, "end_of_input": self.end_of_input}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        self.position = snapshot.get("position")
+        self.end_of_input = snapshot.get("end_of_input")
+
+    def exhausted(self) -> bool:
+        return (self.node.bounded and self.position is not None and self.end_of_input is not None
+                and self.source.exhausted(self.position, self.end_of_input))
+
+    # ---------------------------------------------------------------- batches
+    def allocate(self, batch_time: int) -> None:
+        if self.position is None:
+            raise SourceError(f"input {self.name!r} was asked for a batch before it was opened; this is a bug in "
+                              "batchline")
+        batch = self.source.plan(dict(self.position), self.end_of_input)
+        if not isinstance(batch, SourceBatch):
+            raise SourceError(f"{type(self.source).__name__}.plan() must return a SourceBatch; got {batch!r}")
+        if batch.splits:
+            logger.debug("Batch %s takes %d splits from %s: %s to %s", format_batch_time(batch_time),
+                         len(batch.splits), self.name, dict(batch.start), dict(batch.end))
+        self.restore_allocation(batch_time, batch.to_json(), advance=True)
+
+    def allocation(self, batch_time: int) -> dict[str, Any]:
+        return self._batches[batch_time].to_json()
+
+    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
+        batch = SourceBatch.from_json(allocation)
+        self._batches[batch_time] = batch
+        if advance:
+            self.position = dict(batch.end)
+        self.report(batch_time, None if batch.splits else 0, metadata=dict(batch.info))
+
+    def batch(self, batch_time: int) -> SourceBatch | None:
+        """What ``batch_time`` took (None once forgotten, or for a batch it was not in)."""
+        return self._batches.get(batch_time)
+
+    def can_replay(self, batch_time: int) -> bool:
+        batch = self._batches.get(batch_time)
+        return batch is None or not batch.splits or self.source.can_replay(batch)
+
+    def forget_before(self, threshold_time: int) -> None:
+        for batch_time in [t for t in self._batches if t <= threshold_time]:
+            del self._batches[batch_time]
+
+    def on_batch_committed(self, batch_time: int) -> None:
+        batch = self._batches.get(batch_time)
+        if batch is None or not batch.splits:
+            return
+        try:
+            self.source.acknowledge(batch)
+        except Exception:  # noqa: BLE001 (the batch is committed: an acknowledgement is best effort)
+            logger.exception("Input %s could not acknowledge batch %s (it is committed and stays so; the source "
+                             "may deliver its records again to other readers)", self.name,
+                             format_batch_time(batch_time))
+
+    # ---------------------------------------------------------------- reading
+    def compute(self, batch_time: int) -> DataFrame:
+        """The batch's good rows; all rows are counted, good and bad, by the first job that
+        reads them all (``observe``)."""
+        batch = self._batches.get(batch_time)
+        if batch is None or not batch.splits:
+            return self.env.empty_frame(self.node.schema)
+        counts = Observation()
+        rows = self._rows(batch).observe(counts, *self._metrics)
+        if self._readers.jobs > 1 or self.remember_ms > self.node.slide_ms:
+            rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
+        self._read[batch_time] = CountedBatch(rows, counts)
+        return rows.where(F.col(REASON).isNull()).select(*self._columns)
+
+    def _rows(self, batch: SourceBatch) -> DataFrame:
+        """Every row of the batch with the dead-letter columns (null for good rows)."""
+        native = self.source.frame(self.env.spark, batch)
+        if native is not None:
+            return native.select(*self._columns, F.lit(None).cast("string").alias(RAW),
+                                 F.lit(None).cast("string").alias(REASON))
+        schema = _with_dead_letter_columns(self.node.schema)
+        splits = len(batch.splits)
+        reader = split_reader(self.source, list(batch.splits), to_arrow_schema(schema, timezone="UTC"))
+        return self.env.spark.range(0, splits, 1, splits).mapInArrow(reader, schema)
+
+    @property
+    def _readers(self) -> Readers:
+        return self.env.readers.get(self.node.node_id, Readers(0, False))
+
+    def release(self, batch_time: int, df: DataFrame) -> None:
+        read = self._read.pop(batch_time, None)
+        if read is not None and read.frame.is_cached:
+            read.frame.unpersist()
+
+    def after_jobs(self, batch_time: int) -> None:
+        batch = self._batches.get(batch_time)
+        if batch is None or not batch.splits:
+            return
+        self.get_or_compute(batch_time)
+        read = self._read[batch_time]
+        if not read.counted():
+            read.frame.count()  # no job read every row (no output reads this input): count now
+        good, bad = int(read.counts.get["records"]), int(read.counts.get["dead_letters"])
+        self.report(batch_time, good, dead_letters=bad, metadata=dict(batch.info))
+        if bad and self.node.dead_letters.node_id not in self.env.consumed:
+            rows = self.dead_letter_frame(batch_time).limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
+            logger.warning("Batch %s: %d bad records of input %s went to the dead letters; attach an output to "
+                           "its dead_letters stream to keep them (first %d follow)", format_batch_time(batch_time),
+                           bad, self.name, len(rows))
+            for row in rows:
+                logger.warning("Dead letter from %s: %s | raw: %s", self.name, row.reason, row.raw_record)
+
+    def dead_letter_frame(self, batch_time: int) -> DataFrame:
+        self.get_or_compute(batch_time)
+        read = self._read.get(batch_time)
+        if read is None:
+            return self.env.empty_frame(DEAD_LETTER_SCHEMA)
+        return read.frame.where(F.col(REASON).isNotNull()).select(
+            F.col(RAW).alias("raw_record"), F.col(REASON).alias("reason"), F.lit(self.name).alias("source"),
+            F.lit(format_batch_time(batch_time)).alias("batch_time"))
+
+
+def _with_dead_letter_columns(schema: StructType) -> StructType:
+    """The rows as tasks give them: every column nullable (a dead letter has none of them),
+    then the raw record and the reason."""
+    return StructType([*(StructField(f.name, f.dataType, True, f.metadata) for f in schema.fields),
+                       StructField(RAW, StringType(), True), StructField(REASON, StringType(), True)])
+
+
+# ------------------------------------------------------------------------------ in the tasks
+def split_reader(source: Source, splits: list[Split],
+                 schema: pa.Schema) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+    """The function each task runs: the split numbers it is given, read by ``source.read``,
+    as Arrow batches of ``schema`` (the source's columns, then the raw record and the reason
+    of dead letters)."""
+
+    def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for chunk in numbers:
+            for number in chunk.column(0).to_pylist():
+                yield from to_arrow(source.read(splits[number]), schema)
+
+    return read
+
+
+def to_arrow(rows: Iterable[Any], schema: pa.Schema) -> Iterator[pa.RecordBatch]:
+    """Rows (tuples, dicts, ``DeadLetter``s or whole Arrow batches) as Arrow batches of ``schema``."""
+    names = schema.names[:-2]
+    width = len(names)
+    columns: list[list[Any]] = [[] for _ in schema.names]
+
+    def flush() -> pa.RecordBatch:
+        arrays = [pa.array(values, type=f.type) for values, f in zip(columns, schema, strict=True)]
+        for values in columns:
+            values.clear()
+        return pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+    for row in rows:
+        if isinstance(row, tuple | list):
+            if len(row) != width:
+                raise SourceError(f"a row read has {len(row)} values but the schema has {width} columns "
+                                  f"({', '.join(names)}): {row!r}")
+            for index, value in enumerate(row):
+                columns[index].append(value)
+            columns[width].append(None)
+            columns[width + 1].append(None)
+        elif isinstance(row, dict):
+            for index, name in enumerate(names):
+                columns[index].append(row.get(name))
+            columns[width].append(None)
+            columns[width + 1].append(None)
+        elif isinstance(row, DeadLetter):
+            for index in range(width):
+                columns[index].append(None)
+            columns[width].append(row.raw)
+            columns[width + 1].append(row.reason)
+        elif isinstance(row, pa.RecordBatch):
+            if columns[0]:
+                yield flush()
+            nulls = pa.nulls(row.num_rows, pa.string())
+            yield pa.RecordBatch.from_arrays([*(row.column(name).cast(schema.field(name).type) for name in names),
+                                              nulls, nulls], schema=schema)
+            continue
+        else:
+            raise SourceError(f"read() gave {type(row).__name__} {row!r}; give tuples or dicts of the schema's "
+                              "columns, DeadLetter records or pyarrow RecordBatches")
+        if len(columns[0]) >= _ROWS_PER_ARROW_BATCH:
+            yield flush()
+    if columns[0]:
+        yield flush()

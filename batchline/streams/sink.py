@@ -1,0 +1,102 @@
+"""The Sink interface: where every batch of a stream goes (SPEC C2).
+
+A sink is handed each batch's DataFrame with a :class:`BatchContext`: the batch time, the
+output's name, the pipeline and the fencing token of the driver's checkpoint lease. The
+engine may hand it the same batch more than once (a batch re-runs after a crash or a failed
+job, with the same rows), so ``write`` must be idempotent per (pipeline, output, batch time):
+the built-in sinks keep a commit record per batch and skip a batch already committed. A sink
+that keeps its commits where another driver could write too (a database) refuses a batch
+whose fencing token is older than the newest it has recorded: that driver lost its lease.
+
+Write your own in one file::
+
+    class MySink(batchline.Sink):
+        def open(self, context):            # once per run, on the driver: check the destination
+            ...
+        def write(self, df, batch):         # every batch: idempotent per batch.batch_time
+            ...
+        def last_commit(self):              # the newest batch committed, for the final checkpoint
+            ...
+
+    stream.write(MySink(), name="mine")
+
+``write`` runs on the driver and may start Spark jobs (``df.mapInArrow``, ``df.foreachPartition``,
+``df.collect``); code that runs in tasks gets the sink pickled, so open connections there.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from pyspark.sql import DataFrame
+
+from batchline.batch_time import BatchTime
+
+__all__ = ["Sink", "SinkContext", "BatchContext", "ForeachBatchSink", "NO_FENCING_TOKEN"]
+
+NO_FENCING_TOKEN = 0
+"""The token of a pipeline without a checkpoint location (no lease): older than any lease's."""
+
+
+@dataclass(frozen=True)
+class SinkContext:
+    """What a sink learns when the pipeline starts."""
+
+    pipeline: str
+    """The pipeline's identity: its checkpoint location's URL ("batchline" without one). A
+    sink that records commits keys them by pipeline and output."""
+    output: str
+    """The output's name, unique in the pipeline (``name=``)."""
+
+
+@dataclass(frozen=True)
+class BatchContext:
+    """One batch as a sink sees it."""
+
+    batch_time: BatchTime
+    """The batch's stable id (epoch ms): the same every time the batch runs."""
+    output: str
+    pipeline: str
+    fencing_token: int
+    """The token of the checkpoint lease this driver holds (``NO_FENCING_TOKEN`` without a
+    checkpoint): it grows with every driver that takes the location over, so a commit with a
+    token older than one already recorded comes from a driver that lost its lease."""
+
+
+class Sink(ABC):
+    """Where a stream's batches go: ``stream.write(sink)``."""
+
+    reads_all_rows: ClassVar[bool] = True
+    """Whether ``write`` reads every row of the DataFrame. An input's counts come from the
+    first job that does; a sink that reads only some (``console``'s ``show``) says False."""
+
+    def open(self, context: SinkContext) -> None:  # noqa: B027 (optional hook)
+        """Called once per run on the driver, before any batch: connect, check the destination
+        (a table's columns), clean up what a crashed run left. Raise ``ConfigurationError``
+        with what to change when the destination does not fit."""
+
+    @abstractmethod
+    def write(self, df: DataFrame, batch: BatchContext) -> None:
+        """Write one batch, idempotently per ``batch.batch_time``; raise to fail the batch
+        (it is retried with the same rows, see ``RetryPolicy``)."""
+
+    def last_commit(self) -> dict[str, Any] | None:
+        """The newest batch this sink committed (JSON), kept in a finished pipeline's final
+        checkpoint (SPEC G3); None when it keeps no commits of its own."""
+        return None
+
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Called once when the pipeline stops."""
+
+
+class ForeachBatchSink(Sink):
+    """``fn(df, batch_time)`` for every batch: the user's code decides what idempotent means."""
+
+    def __init__(self, fn: Callable[[DataFrame, BatchTime], Any]) -> None:
+        self.fn = fn
+
+    def write(self, df: DataFrame, batch: BatchContext) -> None:
+        self.fn(df, batch.batch_time)
