@@ -12,9 +12,13 @@ from batchline.errors import (
     NoOutputOperationError,
 )
 from batchline.scheduler.listener import BatchInfo, StreamingListener
+from batchline.scheduler.retry import RetryPolicy
 from batchline.sources.receiver import Receiver
+from batchline.sources.source import DeadLetter, Source, SourceBatch
+from batchline.streams.sink import BatchContext, Sink, SinkContext
 
 __all__ = [
+    "BatchContext",
     "BatchFailedError",
     "BatchInfo",
     "BatchTime",
@@ -23,10 +27,16 @@ __all__ = [
     "ConfigurationError",
     "ContextState",
     "ContextStateError",
+    "DeadLetter",
     "KeyedStream",
     "ManualClock",
     "NoOutputOperationError",
     "Receiver",
+    "RetryPolicy",
+    "Sink",
+    "SinkContext",
+    "Source",
+    "SourceBatch",
     "Stream",
     "StreamingContext",
     "StreamingListener",

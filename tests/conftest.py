@@ -9,10 +9,12 @@ from moto.server import ThreadedMotoServer
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-FIXTURE_MARKERS = {"spark": "spark", "standalone_cluster": "cluster", "s3_endpoint": "server"}
+FIXTURE_MARKERS = {"spark": "spark", "standalone_cluster": "cluster", "s3_endpoint": "server",
+                   "redis_server": "server", "postgres_server": "server"}
 """A test that uses the fixture gets the marker: ``pytest -m "not chaos and not cluster"`` is the
 fast tier (README)."""
-CHAOS_MODULES = {"test_chaos", "test_bounded_chaos", "test_partition_recovery", "test_worker_kill", "test_cluster"}
+CHAOS_MODULES = {"test_chaos", "test_bounded_chaos", "test_partition_recovery", "test_worker_kill", "test_cluster",
+                 "test_connectors_chaos"}
 """The modules that kill processes (drivers, executors, Python workers) and compare with a clean
 run; their drivers start Spark in processes of their own."""
 CHAOS_TESTS = {"test_a_driver_killed_in_the_commit_on_s3_completes_the_batch_exactly_once"}
@@ -68,3 +70,25 @@ def standalone_cluster(tmp_path_factory):
     cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory):
+    """A real redis-server on loopback (Debian's package), for the whole session. Fails, never
+    skips, when it cannot start."""
+    from tests.servers import RedisServer
+
+    server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL cluster of its own on loopback (Debian's package), for the whole
+    session; ``dsn`` carries a password. Fails, never skips, when it cannot start."""
+    from tests.servers import PostgresServer
+
+    server = PostgresServer().start()
+    yield server
+    server.stop()

@@ -146,21 +146,34 @@ class RedisStreamSource(Source):
 
     def initial_position(self) -> Position:
         if self.start == "earliest":
-            return dict.fromkeys(self.streams, _ORIGIN)
-        return self._last_ids()
+            # "added" unknown: the first plan counts what was removed before as behind the start
+            return {"ids": dict.fromkeys(self.streams, _ORIGIN), "added": {}}
+        ids, added = {}, {}
+        for stream in self.streams:
+            info = self._info(stream)
+            ids[stream] = _text(info["last-generated-id"]) if info else _ORIGIN
+            added[stream] = int(info.get("entries-added", 0)) if info else 0
+        return {"ids": ids, "added": added}
 
     def end_of_input(self) -> Position:
-        return self._last_ids()
+        return {"ids": self._last_ids()}
+
+    def exhausted(self, position: Position, end_of_input: Position) -> bool:
+        return all(parse_id(position["ids"].get(s, _ORIGIN)) >= parse_id(last)
+                   for s, last in end_of_input["ids"].items())
 
     def plan(self, start: Position, end_of_input: Position | None) -> SourceBatch:
+        """Per stream, from the last id read: first make sure nothing after it was removed
+        unread, then walk at most the remaining cap of entries on the server."""
         remaining = self.max_records_per_batch
-        end, splits, counts = dict(start), [], {}
+        ids, added = dict(start["ids"]), dict(start.get("added", {}))
+        splits, counts = [], {}
         for stream in self.streams:
-            after = str(start.get(stream, _ORIGIN))
-            to = str(end_of_input.get(stream, _ORIGIN)) if end_of_input is not None else "+"
+            after = str(ids.get(stream, _ORIGIN))
+            to = str(end_of_input["ids"].get(stream, _ORIGIN)) if end_of_input is not None else "+"
             if remaining == 0 or (to != "+" and parse_id(to) <= parse_id(after)):
                 continue
-            self._check_not_trimmed(stream, after)
+            added[stream] = self._check_not_removed(stream, after, added.get(stream))
             count, last, bounds = self._walk(stream, after, to, remaining or 0, "planning")
             if not count:
                 continue
@@ -171,11 +184,14 @@ class RedisStreamSource(Source):
             for index in range(1, len(edges)):
                 size = self.split_size if index * self.split_size <= count else count % self.split_size
                 splits.append({"stream": stream, "after": edges[index - 1], "to": edges[index], "count": size})
-            end[stream], counts[stream] = last, count
+            ids[stream], counts[stream] = last, count
+            if added[stream] is not None:
+                added[stream] += count
             if remaining is not None:
                 remaining -= count
-        info = {"entries": counts, "ranges": {s: [start.get(s, _ORIGIN), end[s]] for s in counts}} if counts else {}
-        return SourceBatch(dict(start), end, tuple(splits), info)
+        info = ({"entries": counts, "ranges": {s: [start["ids"].get(s, _ORIGIN), ids[s]] for s in counts}}
+                if counts else {})
+        return SourceBatch(dict(start), {"ids": ids, "added": added}, tuple(splits), info)
 
     def read(self, split: Split) -> Iterator[Any]:
         stream, after, to, expected = split["stream"], split["after"], split["to"], int(split["count"])
@@ -226,26 +242,36 @@ class RedisStreamSource(Source):
             found[stream] = _text(newest[0][0]) if newest else _ORIGIN
         return found
 
-    def _check_not_trimmed(self, stream: str, after: str) -> None:
-        """Entries after the position that were deleted before anyone read them: stop, naming them."""
-        if after == _ORIGIN:
-            return  # the first batch reads from the oldest entry present
+    def _info(self, stream: str) -> dict[str, Any] | None:
+        """XINFO STREAM, or None for a stream that does not exist (yet)."""
         import redis
 
         try:
-            info = self._call(f"inspecting stream {stream!r}", self._redis().xinfo_stream, stream)
+            return dict(self._call(f"inspecting stream {stream!r}", self._redis().xinfo_stream, stream))
         except redis.ResponseError:
-            return  # no such stream (yet): nothing was deleted from it
-        deleted = _text(info.get("max-deleted-entry-id") or _ORIGIN)
-        if parse_id(deleted) > parse_id(after):
+            return None
+
+    def _check_not_removed(self, stream: str, after: str, behind: int | None) -> int | None:
+        """Stop when entries after the position were removed (XTRIM, XDEL) before they were
+        read. ``behind`` counts the entries ever added up to the position: at most that many
+        removals can lie behind it, so more removals than that (Redis counts entries added and
+        present) mean entries after it are gone. Returns ``behind`` as known now."""
+        info = self._info(stream)
+        if info is None or "entries-added" not in info:
+            return behind  # no stream yet (or Redis before 7.0, which does not count)
+        removed = int(info["entries-added"]) - int(info["length"])
+        if behind is None:  # the first plan from the origin: what is gone was removed before the start
+            return removed if after == _ORIGIN else None
+        if removed > behind:
             first = info.get("first-entry")
             raise SourceError(
-                f"entries of Redis stream {stream!r} after id {after} (where this pipeline stands), up to id "
-                f"{deleted}, were trimmed or deleted before it read them"
+                f"{removed - behind} entries of Redis stream {stream!r} after id {after} (where this pipeline "
+                "stands) were trimmed or deleted before it read them"
                 + (f"; the oldest entry left is {_text(first[0])}" if first else "")
                 + ". The pipeline stops rather than skip them silently. Keep entries until the pipeline read them "
                 "(a larger MAXLEN/MINID); to go on past the loss, start from a new checkpoint location"
             )
+        return behind
 
     def _missing(self, stream: str, after: str, to: str, expected: int, found: int) -> SourceError:
         return SourceError(
