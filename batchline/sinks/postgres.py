@@ -10,7 +10,8 @@ Each batch goes in three steps:
 3. The driver moves the staged rows into the table and adds the batch's progress row, in one
    transaction: under a lock per (pipeline, output), it skips a batch already recorded and
    refuses a fencing token older than the newest recorded one (a driver that lost its
-   checkpoint lease). Then the staging table is dropped.
+   checkpoint lease). Then the staging table is dropped. A batch without rows stops after
+   step 2: no transaction, no progress row.
 
 ``mode="append"`` inserts the rows in batch order; ``mode="upsert"`` inserts or updates by
 ``key`` (``INSERT ... ON CONFLICT``; of several rows with one key in a batch, the last wins).
@@ -152,6 +153,8 @@ class PostgresSink(Sink):
             try:
                 staged = sum(row["rows"] for row in df.mapInArrow(self._copier(stage, df.schema),
                                                                   "part int, rows long").collect())
+                if not staged:
+                    return  # nothing to write: no transaction, no progress row (a re-run writes nothing either)
                 with self._connect() as conn:
                     moved = self._commit(conn, context, batch, stage, df.schema)
             finally:
