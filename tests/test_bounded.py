@@ -3,6 +3,7 @@ their timeouts, write a final checkpoint, and keep going after part of them ende
 
 import datetime as dt
 import json
+import os
 import time
 from dataclasses import dataclass
 
@@ -125,7 +126,8 @@ def test_bounded_sessionization_finishes_with_every_session_closed(spark, tmp_pa
     assert final is not None and final.pending_times == ()
     commit = final.extra["final"]["output_commits"]["sessions-out"]
     assert commit["batch_time"] is not None
-    assert CheckpointStorage(str(tmp_path / "out")).exists(f"_batchline/commits/{commit['batch_time']:015d}.json")
+    assert commit["record"] == str(tmp_path / ".out.batchline" / "commits" / f"{commit['batch_time']:015d}.json")
+    assert os.path.exists(commit["record"])
     assert set(final.extra["finished"]["inputs"]) == {f"files:{tmp_path / 'in'}"}
     assert final.extra["operators"]["sessions"]["finished_partitions"] == [0, 1, 2]
     capsys.readouterr()

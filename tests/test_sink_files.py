@@ -37,6 +37,8 @@ class Output:
 
     def __init__(self, url, fs, root, format):
         self.url, self.fs, self.root, self.format = url, fs, root, format
+        parent, name = root.rsplit("/", 1)
+        self.own = f"{parent}/.{name}.batchline"  # the sink's staging and records, beside the output
 
     @classmethod
     def s3(cls, options, format):
@@ -56,11 +58,18 @@ class Output:
         except FileNotFoundError:
             return []
 
+    def find_own(self, under):
+        self.fs.invalidate_cache()
+        try:
+            return sorted(p[len(self.own) + 1:] for p in self.fs.find(f"{self.own}/{under}"))
+        except FileNotFoundError:
+            return []
+
     def batch_files(self, batch=BATCH):
         return [p.rsplit("/", 1)[1] for p in self.find(f"batch_time={batch}")]
 
     def record(self, batch=BATCH):
-        name = f"{self.root}/_batchline/commits/{batch:015d}.json"
+        name = f"{self.own}/commits/{batch:015d}.json"
         self.fs.invalidate_cache()
         if not self.fs.exists(name):
             return None
@@ -94,7 +103,8 @@ class Output:
         for entry in record["files"]:
             assert self.rows_in(f"batch_time={BATCH}/{entry['file']}") == entry["rows"] > 0
         assert sum(entry["rows"] for entry in record["files"]) == ROWS
-        assert self.find(f"_staging/{BATCH}") == []
+        assert self.find_own(f"staging/{BATCH}") == []
+        assert self.find("") == [f"batch_time={BATCH}/{name}" for name in self.batch_files()]  # nothing else
 
     def assert_only_whole_files_visible(self):
         record = self.record()
@@ -143,7 +153,7 @@ def test_a_batch_round_trips_through_s3(spark, s3_endpoint, format):
 
     names = out.batch_files()
     assert names and all(n.startswith("part-") and n.endswith(f".{format}") for n in names)
-    assert out.find(f"_staging/{BATCH}") == []
+    assert out.find_own(f"staging/{BATCH}") == []
     record = out.record()
     assert [e["file"] for e in record["files"]] == names and sum(e["rows"] for e in record["files"]) == 9
     expected = sorted(df.toArrow().to_pylist(), key=lambda r: r["id"])  # Spark's values, as Arrow holds them
@@ -170,7 +180,7 @@ def test_a_batch_without_rows_writes_nothing(spark, s3_endpoint, tmp_path):
     for out in (Output.s3(s3_endpoint, "json"), Output.local(tmp_path, "json")):
         FileSink(out.url, "json", storage_options=s3_endpoint if out.url.startswith("s3") else None).write(
             spark.range(0, 10, 1, 3).where("id < 0"), BATCH)
-        assert [p for p in out.find("") if not p.startswith("_staging/")] == []
+        assert out.find("") == [] and out.find_own("staging") == []
         assert out.record() is None
 
 
@@ -209,7 +219,7 @@ def test_a_driver_killed_in_the_commit_on_s3_completes_the_batch_exactly_once(sp
     assert "written" not in driver.stdout
 
     # What the kill left: staged files always; visible files only whole ones listed in a record.
-    staged = out.find(f"_staging/{BATCH}")
+    staged = out.find_own(f"staging/{BATCH}")
     assert len(staged) == 4, staged  # 5 partitions, the empty one writes no file
     out.assert_only_whole_files_visible()
     if kill_at == "before-record":
@@ -252,4 +262,59 @@ def test_a_crash_in_the_commit_on_a_local_disk_completes_the_batch_exactly_once(
         FileSink(out.url).write(batch_frame(spark), BATCH)
     out.assert_complete_exactly_once()
     assert bool(jobs) == (point == "before-record")
-    assert os.listdir(tmp_path / "out" / "_staging") == []
+    assert os.listdir(tmp_path / ".out.batchline" / "staging") == []
+
+
+# ----------------------------------------------------------------------- readers that glob everything
+def duckdb_rows(directory, format="parquet"):
+    """What a DuckDB user sees of the output with a ``**`` glob (it reads ``_`` and ``.`` paths too)."""
+    import duckdb
+
+    files = [p for p in Path(directory).rglob(f"*.{format}")]
+    if not files:
+        return 0
+    reader = "read_parquet" if format == "parquet" else "read_json_auto"
+    return duckdb.sql(f"select count(*) from {reader}('{directory}/**/*.{format}')").fetchall()[0][0]
+
+
+@pytest.mark.parametrize("point", ["before-record", "after-record:0"])
+def test_duckdb_globbing_the_output_never_sees_a_staged_or_uncommitted_file(spark, tmp_path, monkeypatch, point):
+    out = Output.local(tmp_path, "parquet")
+
+    class Crash(BaseException):
+        pass
+
+    def crash_at(reached):
+        if reached == point:
+            raise Crash(reached)
+
+    monkeypatch.setattr(files_module, "_test_kill_point", crash_at)
+    with pytest.raises(Crash):
+        FileSink(out.url).write(batch_frame(spark), BATCH)
+    assert len(out.find_own(f"staging/{BATCH}")) == 4  # staged beside the output, not under it
+    assert duckdb_rows(tmp_path / "out") == 0 == out.read_ids().total()
+    monkeypatch.undo()
+    FileSink(out.url).write(batch_frame(spark), BATCH)
+    assert duckdb_rows(tmp_path / "out") == ROWS == out.read_ids().total()
+    assert sorted(os.listdir(tmp_path)) == [".out.batchline", "out"]
+    assert os.listdir(tmp_path / "out") == [f"batch_time={BATCH}"]  # nothing of the sink's own in the output
+
+
+def test_a_batch_committed_by_an_earlier_release_under_the_output_is_not_written_again(spark, tmp_path):
+    first = FileSink(str(tmp_path / "out"))
+    first.write(batch_frame(spark), BATCH)
+    # Move the record where releases before 0.2 kept it, as such a release would have left it.
+    legacy = tmp_path / "out" / "_batchline" / "commits"
+    legacy.mkdir(parents=True)
+    name = f"{BATCH:015d}.json"
+    os.rename(tmp_path / ".out.batchline" / "commits" / name, legacy / name)
+    with spark_jobs(spark) as jobs:
+        FileSink(str(tmp_path / "out")).write(batch_frame(spark), BATCH)
+    assert jobs == []
+    assert FileSink(str(tmp_path / "out")).last_commit() == {
+        "path": str(tmp_path / "out"), "batch_time": BATCH, "record": str(legacy / name)}
+
+
+def test_an_output_without_a_parent_is_refused():
+    with pytest.raises(ConfigurationError, match="write into a directory or prefix below it"):
+        FileSink("s3://bucket-only")

@@ -5,17 +5,22 @@ has none), leaves ``_SUCCESS`` markers, ``.crc`` files and zero-byte part files,
 files appear one by one. So the sink writes the files itself, in three stages:
 
 - Spark tasks write their partition's rows with pyarrow through fsspec to
-  ``<path>/_staging/<batch_time>/<attempt>/part-<partition>.<ext>`` (an empty partition
-  writes nothing) and hand the driver each file's name and row count.
-- The driver writes a commit record, ``<path>/_batchline/commits/<batch_time>.json``, naming
-  the files. It is created exclusively (:meth:`CheckpointStorage.write_new`): from then on the
-  batch is committed, and only this record's files are ever published for it.
+  ``<own>/staging/<batch_time>/<attempt>/part-<partition>.<ext>`` (an empty partition
+  writes nothing) and hand the driver each file's name and row count. ``<own>`` is the sink's
+  own directory, a hidden sibling of the output: ``<parent>/.<name>.batchline`` for output
+  ``<parent>/<name>`` (``own_location``).
+- The driver writes a commit record, ``<own>/commits/<batch_time>.json``, naming the files.
+  It is created exclusively (:meth:`CheckpointStorage.write_new`): from then on the batch is
+  committed, and only this record's files are ever published for it.
 - The files are published to ``<path>/batch_time=<batch_time>/``: on a local disk by one
-  rename of the whole directory, so readers see the batch whole; on an object store by a
-  server-side copy per file, each of which appears whole. Then the staging is deleted.
+  rename of the whole directory (a sibling is on the same file system), so readers see the
+  batch whole; on an object store by a server-side copy per file, each of which appears
+  whole. Then the staging is deleted.
 
-Readers such as pyarrow, pandas and DuckDB skip names starting with ``_`` or ``.``, so the
-staging and the records are invisible to them, and a visible file is always complete.
+Nothing of the sink's own is under the output, so no reader meets a staged file, not even
+one that globs ``out/**/*.parquet`` (DuckDB) and does not skip ``_`` or ``.`` names; every
+visible file is complete and committed. Records and staging that releases before 0.2 kept
+under the output (``_batchline/commits``, ``_staging``) are still honoured, never written.
 
 Writing a batch again (the engine re-runs a batch with the same data after a crash) looks
 for the record first: with a record, what is missing is published from the staging and
@@ -55,8 +60,12 @@ __all__ = ["FileSink", "FILE_SINK_FORMATS"]
 logger = logging.getLogger(__name__)
 
 FILE_SINK_FORMATS = ("parquet", "json")
-STAGING_DIR = "_staging"
-COMMITS_DIR = "_batchline/commits"
+STAGING_DIR = "staging"
+COMMITS_DIR = "commits"
+"""Both in the sink's own directory beside the output (``own_location``), never under it."""
+LEGACY_STAGING_DIR = "_staging"
+LEGACY_COMMITS_DIR = "_batchline/commits"
+"""Where releases before 0.2 kept them, under the output: still honoured, never written."""
 PARQUET_COMPRESSIONS = ("snappy", "gzip", "zstd", "brotli", "lz4", "none")
 # Test hook for the crash tests (one variable, read in _test_kill_point only): the commit
 # SIGKILLs its own process at the named point, "before-record" or "after-record:<files published>".
@@ -83,6 +92,7 @@ class FileSink(Sink):
         self.path = path.rstrip("/")
         self.storage_options = dict(storage_options or {})
         self._storage = CheckpointStorage(self.path, self.storage_options)
+        self._own = CheckpointStorage(own_location(self.path), self.storage_options)
         self._last_commit: int | None = None
 
     def last_commit(self) -> dict[str, Any]:
@@ -90,10 +100,14 @@ class FileSink(Sink):
         checkpoint (SPEC G3); found among the commit records when this run committed none."""
         last = self._last_commit
         if last is None:
-            times = [int(n.split(".")[0]) for n in self._storage.list_names(COMMITS_DIR) if n.split(".")[0].isdigit()]
-            last = max(times, default=None)
-        return {"path": self.path, "batch_time": last,
-                "record": None if last is None else self._storage.full_url(_record_name(last))}
+            names = self._own.list_names(COMMITS_DIR) + self._storage.list_names(LEGACY_COMMITS_DIR)
+            last = max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=None)
+        record = None
+        if last is not None:
+            legacy = not self._own.exists(_record_name(last)) and self._storage.exists(_legacy_record_name(last))
+            record = (self._storage.full_url(_legacy_record_name(last)) if legacy
+                      else self._own.full_url(_record_name(last)))
+        return {"path": self.path, "batch_time": last, "record": record}
 
     def write(self, df: DataFrame, batch: BatchContext | int) -> None:
         """Commit one batch (a ``BatchContext``, or its time in ms), exactly once across crashes
@@ -118,7 +132,7 @@ class FileSink(Sink):
                         batch_time, self.path)
             try:
                 self._publish(time_ms, record, fresh=False)
-                self._drop_staging(time_ms)
+                self._drop_staging(time_ms, legacy=bool(record.get("legacy")))
                 self._last_commit = max(time_ms, self._last_commit or time_ms)
             except OSError as error:
                 raise SinkError(
@@ -127,12 +141,12 @@ class FileSink(Sink):
             return
         # Step 2
         staged_dir = f"{STAGING_DIR}/{time_ms}/{uuid.uuid4().hex[:16]}"
-        task = _partition_writer(self.path, self.storage_options, staged_dir, self.format, self.options)
+        task = _partition_writer(self._own.url, self.storage_options, staged_dir, self.format, self.options)
         try:
             staged = sorted(df.mapInArrow(task, _STAGED_DDL).collect(), key=lambda row: row["file"])
         except Exception as error:
             with contextlib.suppress(OSError):
-                self._storage.delete(staged_dir, recursive=True)
+                self._own.delete(staged_dir, recursive=True)
             raise SinkError(
                 f"writing batch {batch_time} to {self.path} failed: {error}. Nothing of the batch is visible; "
                 "fix the cause and start the pipeline again, which writes the batch anew"
@@ -151,9 +165,9 @@ class FileSink(Sink):
                   "files": [{"file": row["file"], "rows": row["rows"], "bytes": row["bytes"]} for row in staged]}
         _test_kill_point("before-record")
         try:
-            if self._storage.is_local:  # the staged directory's own entry must outlive a power loss, too
+            if self._own.is_local:  # the staged directory's own entry must outlive a power loss, too
                 for parent in (f"{STAGING_DIR}/{time_ms}", STAGING_DIR):
-                    fsync_path(self._storage.path(parent))
+                    fsync_path(self._own.path(parent))
             self._commit(time_ms, record)
         except OSError as error:
             raise SinkError(
@@ -164,15 +178,15 @@ class FileSink(Sink):
     def _commit(self, time_ms: int, record: dict[str, Any]) -> None:
         fresh = True
         try:
-            self._storage.write_new(_record_name(time_ms), seal(record))
+            self._own.write_new(_record_name(time_ms), seal(record))
         except FileExistsError:
             logger.warning("Batch %d was committed to %s by another writer meanwhile; completing its commit and "
                            "discarding this one", time_ms, self.path)
-            self._storage.delete(record["staging"], recursive=True)
+            self._own.delete(record["staging"], recursive=True)
             found = self._read_record(time_ms)
             if found is None:
                 raise SinkError(
-                    f"the commit record {self._storage.full_url(_record_name(time_ms))} of batch {time_ms} "
+                    f"the commit record {self._own.full_url(_record_name(time_ms))} of batch {time_ms} "
                     "appeared while this driver committed the batch, then vanished. Make sure one driver runs "
                     "per output path, then start the pipeline again") from None
             record, fresh = found, False
@@ -183,28 +197,38 @@ class FileSink(Sink):
         self._last_commit = max(time_ms, self._last_commit or time_ms)
 
     def _read_record(self, time_ms: int) -> dict[str, Any] | None:
-        name = _record_name(time_ms)
-        if not self._storage.exists(name):
-            return None
-        try:
-            return self._storage.read_sealed(name)
-        except CorruptFileError as error:
-            # Torn while being written (local disk): publishing had not begun, so the batch is written anew.
-            logger.warning("Ignoring the torn commit record of batch %d (%s); writing the batch again", time_ms, error)
-            self._storage.delete(name)
-            return None
+        """The batch's commit record, in the sink's own directory or (written by a release
+        before 0.2) under the output, marked ``legacy`` then."""
+        for storage, name in ((self._own, _record_name(time_ms)), (self._storage, _legacy_record_name(time_ms))):
+            if not storage.exists(name):
+                continue
+            try:
+                record = storage.read_sealed(name)
+            except CorruptFileError as error:
+                # Torn while being written (local disk): publishing had not begun, so the batch is written anew.
+                logger.warning("Ignoring the torn commit record of batch %d (%s); writing the batch again", time_ms,
+                               error)
+                storage.delete(name)
+                return None
+            return {**record, "legacy": storage is self._storage}
+        return None
+
+    def _home(self, record: dict[str, Any]) -> CheckpointStorage:
+        """Where a record's staged files are."""
+        return self._storage if record.get("legacy") else self._own
 
     def _publish(self, time_ms: int, record: dict[str, Any], fresh: bool) -> None:
         staged_dir, files = record["staging"], [entry["file"] for entry in record["files"]]
-        target = _target(time_ms)
+        target, home = _target(time_ms), self._home(record)
         if self._storage.is_local:
-            source, destination = self._storage.path(staged_dir), self._storage.path(target)
+            source, destination = home.path(staged_dir), self._storage.path(target)
             if not fresh and os.path.isdir(destination):
                 return  # renamed before, whole
             if not os.path.isdir(source):
-                raise self._lost(time_ms, staged_dir, target)
+                raise self._lost(time_ms, record, target)
             _test_kill_point("after-record:0")
-            os.rename(source, destination)
+            os.makedirs(self._storage.path(""), exist_ok=True)
+            os.rename(source, destination)  # a sibling directory: the same file system
             fsync_path(os.path.dirname(destination))
             _test_kill_point(f"after-record:{len(files)}")
             logger.debug("Committed batch %d to %s (%d files)", time_ms, destination, len(files))
@@ -215,31 +239,52 @@ class FileSink(Sink):
         for name in files:
             if name not in in_place:
                 try:
-                    self._storage.fs.cp_file(self._storage.path(f"{staged_dir}/{name}"),
+                    self._storage.fs.cp_file(home.path(f"{staged_dir}/{name}"),
                                              self._storage.path(f"{target}/{name}"))
                 except FileNotFoundError as error:
                     if self._storage.exists(f"{target}/{name}"):
                         continue  # another run of this batch copied it and dropped the staging meanwhile
-                    raise self._lost(time_ms, staged_dir, target) from error
+                    raise self._lost(time_ms, record, target) from error
                 published += 1
                 _test_kill_point(f"after-record:{published}")
         logger.debug("Committed batch %d to %s/%s (%d files, %d copied now)", time_ms, self.path, target,
                      len(files), published)
 
-    def _lost(self, time_ms: int, staged_dir: str, target: str) -> SinkError:
-        record = self._storage.full_url(_record_name(time_ms))
+    def _lost(self, time_ms: int, record: dict[str, Any], target: str) -> SinkError:
+        name = (self._storage.full_url(_legacy_record_name(time_ms)) if record.get("legacy")
+                else self._own.full_url(_record_name(time_ms)))
+        staged = self._home(record).full_url(record["staging"])
         return SinkError(
-            f"batch {time_ms} is committed ({record}) but its staged files under {self._storage.full_url(staged_dir)} "
-            f"are gone, so {self._storage.full_url(target)} cannot be completed. Restore them, or delete {record} "
-            f"and {self._storage.full_url(target)} so that the next run writes the batch again"
+            f"batch {time_ms} is committed ({name}) but its staged files under {staged} are gone, so "
+            f"{self._storage.full_url(target)} cannot be completed. Restore them, or delete {name} and "
+            f"{self._storage.full_url(target)} so that the next run writes the batch again"
         )
 
-    def _drop_staging(self, time_ms: int) -> None:
-        self._storage.delete(f"{STAGING_DIR}/{time_ms}", recursive=True)
+    def _drop_staging(self, time_ms: int, legacy: bool = False) -> None:
+        self._own.delete(f"{STAGING_DIR}/{time_ms}", recursive=True)
+        if legacy:
+            self._storage.delete(f"{LEGACY_STAGING_DIR}/{time_ms}", recursive=True)
+
+
+def own_location(path: str) -> str:
+    """The sink's own directory for ``path``: a hidden sibling, ``<parent>/.<name>.batchline``,
+    so that no reader of the output (DuckDB's ``**`` globs included) ever meets its staging or
+    records, and a local rename from there into the output stays on one file system."""
+    scheme, sep, rest = path.rpartition("://")
+    parent, _, name = rest.rstrip("/").rpartition("/")
+    if not name or (sep and not parent):
+        raise ConfigurationError(
+            f"file output {path!r} has no parent to keep its staging and commit records beside it; write into a "
+            "directory or prefix below it, e.g. " + (f"{path.rstrip('/')}/out" if path.rstrip("/") else "/data/out"))
+    return f"{scheme}{sep}{parent}/.{name}.batchline"
 
 
 def _record_name(time_ms: int) -> str:
     return f"{COMMITS_DIR}/{time_ms:015d}.json"
+
+
+def _legacy_record_name(time_ms: int) -> str:
+    return f"{LEGACY_COMMITS_DIR}/{time_ms:015d}.json"
 
 
 def _target(time_ms: int) -> str:

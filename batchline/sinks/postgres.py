@@ -13,7 +13,7 @@ Each batch goes in three steps:
    checkpoint lease). Then the staging table is dropped. A batch without rows stops after
    step 2: no transaction, no progress row.
 
-``mode="append"`` inserts the rows in batch order; ``mode="upsert"`` inserts or updates by
+``mode="append"`` inserts the rows; ``mode="upsert"`` inserts or updates by
 ``key`` (``INSERT ... ON CONFLICT``; of several rows with one key in a batch, the last wins).
 The stream's columns are checked against the table's before the first batch writes anything.
 The DSN's password never appears in logs, errors or checkpoints.
@@ -206,9 +206,8 @@ class PostgresSink(Sink):
 
         columns = sql.SQL(", ").join(sql.Identifier(name) for name in schema.fieldNames())
         target, source = sql.Identifier(*self.table.split(".")), sql.Identifier(stage)
-        if self.mode == "append":
-            return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}, {}").format(
-                target, columns, columns, source, sql.Identifier(_PART), sql.Identifier(_ROW))
+        if self.mode == "append":  # a table has no order: no sort of the batch's rows
+            return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, columns, columns, source)
         keys = sql.SQL(", ").join(sql.Identifier(name) for name in self.key)
         others = [name for name in schema.fieldNames() if name not in self.key]
         action = sql.SQL("DO NOTHING") if not others else sql.SQL("DO UPDATE SET {}").format(

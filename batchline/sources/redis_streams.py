@@ -49,7 +49,7 @@ __all__ = ["RedisStreamSource", "DEFAULT_SPLIT_SIZE", "redacted_url"]
 logger = logging.getLogger(__name__)
 
 DEFAULT_SPLIT_SIZE = 20_000
-_PAGE = 5_000
+_PAGE = 10_000
 _ORIGIN = "0-0"
 """The position before a stream's first entry: read from the oldest entry present."""
 
