@@ -12,7 +12,6 @@ __all__ = [
     "NoOutputOperationError",
     "ContextStateError",
     "BatchFailedError",
-    "describe_job",
     "short_cause",
     "SourceError",
     "SinkError",
@@ -61,28 +60,19 @@ class BatchFailedError(BatchlineError):
     """A job of a batch failed (after ``attempts`` runs of the batch); the pipeline stops and
     the batch is not marked processed, so the next start runs it again."""
 
-    def __init__(self, batch_time: int, job_name: str, cause: BaseException, attempts: int = 1) -> None:
+    def __init__(self, batch_time: int, job_name: str, cause: BaseException, attempts: int = 1,
+                 what: str | None = None) -> None:
         self.batch_time = batch_time
         self.job_name = job_name
+        """The name of the input, operator or output whose job failed ("commit" for the commit)."""
         self.cause = cause
         self.attempts = attempts
         detail = short_cause(cause)
         tries = f" after {attempts} attempts" if attempts > 1 else ""
         super().__init__(
-            f"batch {format_batch_time(batch_time)} ({batch_time} ms) failed in {describe_job(job_name)}{tries}: "
+            f"batch {format_batch_time(batch_time)} ({batch_time} ms) failed in {what or repr(job_name)}{tries}: "
             f"{detail}. Fix the cause and start the pipeline again: a batch that was not committed runs again."
         )
-
-
-def describe_job(job_name: str) -> str:
-    """What a batch's job is, for people: ``state:sessions`` is operator 'sessions',
-    ``read:files`` reads input 'files', anything else is an output."""
-    kind, _, name = job_name.partition(":")
-    if name and kind == "state":
-        return f"operator '{name}'"
-    if name and kind == "read":
-        return f"input '{name}'"
-    return f"output '{job_name}'"
 
 
 def short_cause(cause: BaseException) -> str:

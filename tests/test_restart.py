@@ -223,7 +223,7 @@ def test_a_driver_that_lost_its_lease_stops_instead_of_committing(spark, tmp_pat
     successor = LeaseRecord("successor", current.host, current.pid, current.token + 1, 10**15)
     storage.replace(LEASE_FILE, seal(successor.__dict__))  # another driver took over meanwhile
     release.set()
-    with pytest.raises(BatchFailedError, match="in output 'commit'.*FencedError.*lost its lease") as raised:
+    with pytest.raises(BatchFailedError, match="in the batch's commit.*FencedError.*lost its lease") as raised:
         pipeline.ssc.await_termination(60)
     assert isinstance(raised.value.cause, FencedError)
     assert not (tmp_path / "commits" / f"{12_000:015d}.json").exists()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
+from batchline.api.launch import launch_defaults, ship_py_files
 from batchline.api.stream import FileStream, InputStream, QueueStream, Stream
 from batchline.api.warmup import warm_up
 from batchline.batch_time import format_batch_time
@@ -26,12 +28,16 @@ from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock, SystemClock
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError, ContextStateError
+from batchline.observe.control import StopOutcome, StopRequest, StopWatcher
+from batchline.observe.observers import ObserveSettings, PipelineObservers
 from batchline.recovery import BatchCommit
 from batchline.scheduler.executors import ExecutorMonitor
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job_generator import GeneratorSettings, JobGenerator, default_max_batches_ahead
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
+from batchline.scheduler.lifecycle import DEFAULT_RECENT_PROGRESS, BatchLifecycle
 from batchline.scheduler.listener import ListenerBus, StreamingListener
+from batchline.scheduler.progress import BatchProgress
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.scheduler.retry import RetryPolicy
 from batchline.sources.files import FileSource
@@ -51,6 +57,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK_INTERVAL = "200ms"
 GRACEFUL_STOP_TIMEOUT_INTERVALS = 10
+_LISTENER_FLUSH_S = 5.0
+"""How long a stop waits for listeners to handle the events of the last batches."""
 
 
 class ContextState(enum.Enum):
@@ -82,6 +90,15 @@ class StreamingContext:
     runs, waiting 5 s, 10 s and 20 s; ``RetryPolicy.never()`` stops at the first failure).
     Spark's exclusion of failing executors is set where the session is created:
     ``local_spark_session(..., exclude_on_failure=ExcludeOnFailure(...))``.
+
+    Seeing it run: every finished batch gives a ``BatchProgress`` record (``last_progress``,
+    ``recent_progress``, listeners' ``on_progress``); the newest ``progress_records`` (default
+    100) are also kept at the checkpoint location for ``batchline status``. ``metrics_port``
+    serves Prometheus metrics at ``/metrics`` and ``dashboard_port`` a live dashboard (0: any
+    free port; both off by default, both on 127.0.0.1 unless ``metrics_host`` /
+    ``dashboard_host`` say otherwise). ``name`` names the pipeline there (default: the Spark
+    application's name). With a checkpoint location, ``batchline stop LOCATION`` from any
+    terminal stops the pipeline; it looks for the request every batch interval (at most 2 s).
     """
 
     def __init__(
@@ -100,6 +117,12 @@ class StreamingContext:
         lease_ttl: object = "15s",
         retry: RetryPolicy | None = None,
         max_batches_ahead: int | None = None,
+        name: str | None = None,
+        metrics_port: int | None = None,
+        metrics_host: str = "127.0.0.1",
+        dashboard_port: int | None = None,
+        dashboard_host: str = "127.0.0.1",
+        progress_records: int = DEFAULT_RECENT_PROGRESS,
     ) -> None:
         self.spark = spark
         self.batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -139,6 +162,18 @@ class StreamingContext:
         self._commit: BatchCommit | None = None
         self._finishing = False
         self._finish_lock = threading.Lock()
+        self.name: str = name or spark.sparkContext.appName or "batchline"
+        launch = launch_defaults()
+        self.observe_settings = ObserveSettings(
+            metrics_port if metrics_port is not None else launch.metrics_port, metrics_host,
+            dashboard_port if dashboard_port is not None else launch.dashboard_port, dashboard_host,
+            progress_records)
+        self._lifecycle = BatchLifecycle(self._listener_bus, self.clock, self.input_info, self.batch_interval_ms,
+                                         keep_recent=progress_records)
+        self._observers = PipelineObservers(self.name, self.observe_settings, self._listener_bus,
+                                            self._dashboard_snapshot)
+        self._stop_watcher: StopWatcher | None = None
+        self._started_at_ms: int | None = None
 
     # ---------------------------------------------------------------- inputs
     def file_stream(
@@ -281,6 +316,46 @@ class StreamingContext:
     def remove_listener(self, listener: StreamingListener) -> None:
         self._listener_bus.remove(listener)
 
+    # ---------------------------------------------------------------- progress (SPEC I2, I3)
+    @property
+    def last_progress(self) -> BatchProgress | None:
+        """The newest finished batch's progress record (None before the first)."""
+        return self._lifecycle.last_progress
+
+    @property
+    def recent_progress(self) -> list[BatchProgress]:
+        """The newest ``progress_records`` records, oldest first."""
+        return self._lifecycle.recent_progress
+
+    @property
+    def metrics_url(self) -> str | None:
+        """Where Prometheus scrapes this pipeline (None without ``metrics_port`` or before start)."""
+        return self._observers.metrics_url
+
+    @property
+    def dashboard_url(self) -> str | None:
+        """The live dashboard's address (None without ``dashboard_port`` or before start)."""
+        return self._observers.dashboard_url
+
+    def _dashboard_snapshot(self) -> dict[str, Any]:
+        last = self.last_progress
+        finished_inputs = sorted(n for s in (self.pipeline.inputs if self.pipeline else ())
+                                 if (n := s.name) and s.finished_after() is not None)
+        lease = self._checkpoints.lease if self._checkpoints is not None else None
+        status = {
+            "name": self.name,
+            "location": self._checkpoints.storage.url if self._checkpoints is not None else None,
+            "state": ("finished" if self._finishing else self._state.value),
+            "batch_interval_ms": self.batch_interval_ms,
+            "lease_holder": lease.holder if lease is not None and lease.token is not None else None,
+            "started_at_ms": self._started_at_ms,
+            "backlog": last.backlog if last is not None else 0,
+            "excluded_executors": [dataclasses.asdict(e) for e in last.excluded_executors] if last else [],
+            "finished_inputs": finished_inputs,
+            "finished": self._finishing,
+        }
+        return {"status": status, "progress": [p.to_json() for p in self.recent_progress]}
+
     # ---------------------------------------------------------------- lifecycle
     @property
     def state(self) -> ContextState:
@@ -321,6 +396,7 @@ class StreamingContext:
                 raise ConfigurationError(
                     "stateful operators build each batch on the previous one; use concurrent_jobs=1"
                 )
+            ship_py_files(self.spark)
             warm_up(self.spark)  # in the background, while the checkpoint is read
             checkpoint = self._open_checkpoints()
             if checkpoint is not None and self._already_finished(checkpoint):
@@ -336,6 +412,7 @@ class StreamingContext:
                     self._checkpoints.close()
                 raise
             self._state = ContextState.ACTIVE
+            self._started_at_ms = self.clock.now_ms()
         logger.info("StreamingContext started (batch interval %d ms)", self.batch_interval_ms)
 
     def _start_running(self, checkpoint: Checkpoint | None) -> None:
@@ -345,6 +422,11 @@ class StreamingContext:
         self.pipeline = PipelineRuntime(self.graph, env)
         commit = self._commit = BatchCommit(self.pipeline, self._checkpoints, self.clock, self._pipeline_finished)
         generator: JobGenerator
+        self._lifecycle.facts = _Facts(self)
+        self._lifecycle.excluded_executors = ExecutorMonitor.of(self.spark, self.clock).excluded
+        if self._checkpoints is not None:
+            self._checkpoints.on_checkpoint_written = self._lifecycle.checkpoint_written
+        self._observers.start(self._checkpoints.storage if self._checkpoints is not None else None)
 
         def commit_batch(batch_time: int) -> None:
             commit.commit(batch_time)
@@ -353,8 +435,7 @@ class StreamingContext:
         self._scheduler = JobScheduler(
             SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
                               f"batchline-{uuid.uuid4().hex[:8]}", self.retry),
-            self.spark, self.clock, self.input_info, self._listener_bus, self._fail, commit_batch,
-            ExecutorMonitor.of(self.spark, self.clock).excluded,
+            self.spark, self.clock, self._lifecycle, self._fail, commit_batch,
         )
         generator = self._generator = JobGenerator(
             GeneratorSettings(self.batch_interval_ms, self.graceful_stop_timeout_ms, self.max_batches_ahead), commit,
@@ -366,8 +447,14 @@ class StreamingContext:
         except BaseException:
             generator.stop(process_received_data=False)
             self._scheduler.shutdown(graceful=False)
+            self._observers.stop()
             raise
         self.pipeline.start_inputs()
+        if self._checkpoints is not None:
+            lease = self._checkpoints.lease
+            self._stop_watcher = StopWatcher(self._checkpoints.storage, self.clock, lambda: lease.token,
+                                             self.batch_interval_ms, self._stop_requested)
+            self._stop_watcher.start()
         finished = self.pipeline.finished_after()
         if finished is not None:  # finished before a crash, without its final checkpoint
             self._pipeline_finished(finished)
@@ -456,7 +543,8 @@ class StreamingContext:
         """
         self._stop(graceful, stop_spark_session)
 
-    def _stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False) -> None:
+    def _stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False,
+              request: StopRequest | None = None) -> None:
         with self._state_lock:
             if self._state is ContextState.STOPPED:
                 return
@@ -468,10 +556,14 @@ class StreamingContext:
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
         if self.pipeline is None or self._generator is None or self._scheduler is None:
             raise ContextStateError("the context is active but was never fully started; this is a bug in batchline")
+        holder = self._checkpoints.lease.holder if self._checkpoints is not None else ""
+        unfinished: list[int] = []
         try:
+            if self._stop_watcher is not None:
+                self._stop_watcher.close()
             self.pipeline.stop_inputs(graceful)
             self._generator.stop(process_received_data=graceful)
-            self._scheduler.shutdown(graceful)
+            unfinished = self._scheduler.shutdown(graceful)
             if final:
                 self._write_final_checkpoint()
             self.pipeline.close_outputs()
@@ -480,10 +572,22 @@ class StreamingContext:
         finally:
             if self._adaptive is not None:
                 self._adaptive.restore()
+            self._listener_bus.flush(_LISTENER_FLUSH_S)  # what listeners were told before the stop
+            self._observers.stop()
+            if request is not None and self._stop_watcher is not None:
+                how = "immediate" if not graceful else "graceful, timed out" if unfinished else "graceful"
+                self._stop_watcher.report(StopOutcome(request.request_id, holder, how, self.clock.now_ms(),
+                                                      self._commit.last_committed if self._commit else None,
+                                                      unfinished))
             self._terminated.set()
             if stop_spark_session:
                 self.spark.stop()
         logger.info("StreamingContext stopped")
+
+    def _stop_requested(self, request: StopRequest) -> None:
+        """``batchline stop`` asked this driver to stop (from the stop watcher's thread)."""
+        threading.Thread(target=self._stop, kwargs={"graceful": not request.immediate, "request": request},
+                         name="batchline-stop-request", daemon=True).start()
 
     def _write_final_checkpoint(self) -> None:
         if self._checkpoints is None or self._commit is None:
@@ -502,6 +606,27 @@ class StreamingContext:
             self._error = error
         threading.Thread(target=self.stop, kwargs={"graceful": False}, name="batchline-stop-on-error",
                          daemon=True).start()
+
+
+class _Facts:
+    """What progress records tell of the running pipeline beyond the batch (``PipelineFacts``)."""
+
+    def __init__(self, context: StreamingContext) -> None:
+        self._context = context
+
+    def finished_inputs(self) -> set[str]:
+        pipeline = self._context.pipeline
+        return {s.name for s in pipeline.inputs if s.finished_after() is not None} if pipeline else set()
+
+    def lease(self) -> tuple[str, int] | None:
+        checkpoints = self._context.checkpoint_manager
+        if checkpoints is None or checkpoints.lease.token is None:
+            return None
+        return checkpoints.lease.holder, checkpoints.lease.token
+
+    def backlog(self) -> int:
+        generator = self._context.job_generator
+        return generator.backlog() if generator is not None else 0
 
 
 def _max_batches_ahead(value: object, concurrent_jobs: int) -> int:

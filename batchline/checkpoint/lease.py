@@ -21,7 +21,7 @@ from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, se
 from batchline.clock import Clock
 from batchline.errors import BatchlineError
 
-__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError", "check_token"]
+__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError", "check_token", "holder_is_gone"]
 
 logger = logging.getLogger(__name__)
 
@@ -43,9 +43,23 @@ class LeaseRecord:
     pid: int
     token: int
     expires_at_ms: int
+    acquired_at_ms: int | None = None
+    """When the holder took the lease (None in files of earlier releases)."""
+    renewed_at_ms: int | None = None
+    """When the holder last wrote the lease."""
+
+    @property
+    def released(self) -> bool:
+        """The holder gave the lease up when it stopped (it expires at 0)."""
+        return self.expires_at_ms == 0
 
     def describe(self) -> str:
         return f"{self.holder} (pid {self.pid} on {self.host}, token {self.token})"
+
+
+def holder_is_gone(record: LeaseRecord) -> bool:
+    """The holder's process is known to be dead: it ran on this host and is no more."""
+    return _process_is_gone(record)
 
 
 def _process_is_gone(record: LeaseRecord) -> bool:
@@ -71,6 +85,7 @@ class Lease:
         self.ttl_ms = ttl_ms
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.token: int | None = None
+        self._acquired_at_ms: int | None = None
         self._stop = threading.Event()
         self._renewer: threading.Thread | None = None
         self._lock = threading.Lock()
@@ -98,6 +113,7 @@ class Lease:
                 )
             logger.info("Taking over the checkpoint lease from %s", current.describe())
         token = (current.token if current else 0) + 1
+        self._acquired_at_ms = now
         self._write(token)
         confirmed = self.read()
         if confirmed is None or confirmed.holder != self.holder:
@@ -140,9 +156,11 @@ class Lease:
             self.token = None
 
     def _write(self, token: int, expires_at_ms: int | None = None) -> None:
+        now = self._clock.now_ms()
         if expires_at_ms is None:
-            expires_at_ms = self._clock.now_ms() + self.ttl_ms
-        record = LeaseRecord(self.holder, socket.gethostname(), os.getpid(), token, expires_at_ms)
+            expires_at_ms = now + self.ttl_ms
+        record = LeaseRecord(self.holder, socket.gethostname(), os.getpid(), token, expires_at_ms,
+                             self._acquired_at_ms, now)
         self._storage.replace(LEASE_FILE, seal(asdict(record)))
 
     def _renew_loop(self) -> None:

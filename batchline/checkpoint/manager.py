@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,8 @@ class CheckpointManager:
         self.events = JobEventStore(self.storage, settings.batch_interval_ms)
         self._clock = clock
         self.writer: CheckpointWriter | None = None
+        self.on_checkpoint_written: Callable[[int, int, int], None] | None = None
+        """Told each checkpoint written (time, duration in ms, bytes); set before ``open()``."""
 
     @property
     def interval_ms(self) -> int:
@@ -56,8 +59,12 @@ class CheckpointManager:
         self.lease.acquire()
         checkpoint, retained = load_latest_checkpoint(self.storage)
         self.writer = CheckpointWriter(self.storage, self._clock, self.settings.keep, self.lease.check,
-                                       known=retained)
+                                       known=retained, on_written=self._checkpoint_written)
         return checkpoint
+
+    def _checkpoint_written(self, time: int, duration_ms: int, size: int) -> None:
+        if self.on_checkpoint_written is not None:
+            self.on_checkpoint_written(time, duration_ms, size)
 
     def checkpoint_writer(self) -> CheckpointWriter:
         if self.writer is None:

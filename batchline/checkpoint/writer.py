@@ -8,6 +8,7 @@ import queue
 import threading
 import time
 import uuid
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -50,6 +51,7 @@ class CheckpointWriter:
         retries: int = 3,
         retry_backoff_s: float = 0.2,
         known: list[dict[str, Any]] | None = None,
+        on_written: Callable[[int, int, int], None] | None = None,
     ) -> None:
         self._storage = storage
         self._clock = clock
@@ -61,7 +63,10 @@ class CheckpointWriter:
         self._queue: queue.SimpleQueue[object] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name="batchline-checkpoint-writer", daemon=True)
         self._thread.start()
-        self.write_durations_ms: list[float] = []
+        self.write_durations_ms: deque[float] = deque(maxlen=1000)
+        """The latest writes' durations (bounded: a pipeline runs for months)."""
+        self._on_written = on_written
+        """Told each checkpoint written: its time, how long the write took (ms) and its size."""
 
     def write(self, checkpoint: Checkpoint, on_written: Callable[[Checkpoint], None] | None = None) -> None:
         self._queue.put(_Request(checkpoint, on_written))
@@ -135,6 +140,11 @@ class CheckpointWriter:
             self._storage.delete(f"{CHECKPOINTS}/{old['name']}")
         took_ms = (time.perf_counter() - began) * 1000
         self.write_durations_ms.append(took_ms)
+        if self._on_written is not None:
+            try:
+                self._on_written(checkpoint.time, round(took_ms), len(data))
+            except Exception:
+                logger.exception("Reporting the checkpoint written for time %d ms failed", checkpoint.time)
         logger.info("Checkpoint for time %d ms saved to %s (%d bytes, %.0f ms)",
                     checkpoint.time, self._storage.full_url(f"{CHECKPOINTS}/{name}"), len(data), took_ms)
 

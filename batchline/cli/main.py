@@ -1,4 +1,5 @@
-"""``batchline demo``, ``batchline run PIPELINE.py`` and ``batchline checkpoints ...``."""
+"""``batchline demo``, ``batchline run PIPELINE.py``, ``batchline status|stop LOCATION`` and
+``batchline checkpoints ...``."""
 
 from __future__ import annotations
 
@@ -10,12 +11,16 @@ import sys
 import tempfile
 import threading
 from collections.abc import Sequence
+from pathlib import Path
 from types import FrameType
 
 from batchline.api.context import StreamingContext
+from batchline.api.launch import LaunchDefaults, set_launch_defaults
 from batchline.cli.checkpoints import add_checkpoint_commands
 from batchline.cli.demo import build_demo
+from batchline.cli.operate import add_operate_commands
 from batchline.cli.progress import BatchSummaryPrinter
+from batchline.cli.ship import package_folder, port_or_any
 from batchline.cli.state import add_state_commands
 from batchline.errors import BatchlineError
 from batchline.spark import check_java, local_spark_session
@@ -23,6 +28,9 @@ from batchline.spark import check_java, local_spark_session
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
+
+DEFAULT_DASHBOARD_PORT = 4050
+DEFAULT_METRICS_PORT = 9464
 
 
 def _configure_logging(verbose: bool) -> None:
@@ -63,7 +71,9 @@ def _await(ssc: StreamingContext, duration: float | None) -> None:
 def _demo(args: argparse.Namespace) -> int:
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="batchline-demo-checkpoint-")
     spark = local_spark_session(args.master, "batchline-demo")
-    ssc = StreamingContext(spark, args.batch_interval, checkpoint=checkpoint)
+    dashboard_port, metrics_port = _observe_ports(args)
+    ssc = StreamingContext(spark, args.batch_interval, checkpoint=checkpoint, name="batchline-demo",
+                           dashboard_port=dashboard_port, metrics_port=metrics_port)
     build_demo(ssc, rate=args.rate, users=args.users)
     ssc.add_listener(BatchSummaryPrinter())
     _stop_on_ctrl_c(ssc)
@@ -71,15 +81,45 @@ def _demo(args: argparse.Namespace) -> int:
           f"{args.batch_interval} on {args.master}, checkpoints in {checkpoint}. Ctrl-C stops gracefully; "
           f"--checkpoint {checkpoint} resumes.", flush=True)
     ssc.start()
+    print(f"dashboard: {ssc.dashboard_url or 'off'}\nmetrics:   {ssc.metrics_url or 'off'}\n"
+          f"status:    batchline status {checkpoint}\nstop:      batchline stop {checkpoint}", flush=True)
     _await(ssc, args.duration)
     print("Stopped gracefully." if ssc.state.value == "stopped" else "Stopped.", flush=True)
     return 0
 
 
+def _observe_ports(args: argparse.Namespace) -> tuple[int | None, int | None]:
+    """The dashboard and metrics ports the demo and ``run`` use: on by default, on the usual
+    ports when free (else any free port), off with ``--no-dashboard`` / ``--no-metrics``."""
+    dashboard = None if args.no_dashboard else (
+        args.dashboard_port if args.dashboard_port is not None else port_or_any(DEFAULT_DASHBOARD_PORT))
+    metrics = None if args.no_metrics else (
+        args.metrics_port if args.metrics_port is not None else port_or_any(DEFAULT_METRICS_PORT))
+    return dashboard, metrics
+
+
 def _run(args: argparse.Namespace) -> int:
     check_java()  # before the pipeline's own SparkSession, which would fail with a Py4J trace
-    runpy.run_path(args.pipeline, run_name="__main__")
+    script = Path(args.pipeline).resolve()
+    if not script.is_file():
+        print(f"batchline: no pipeline file at {args.pipeline}; give the path of a .py file", file=sys.stderr)
+        return 1
+    # The script's folder on the driver's path (as `python script.py` does) and, zipped, on the executors'.
+    sys.path.insert(0, str(script.parent))
+    dashboard_port, metrics_port = _observe_ports(args)
+    set_launch_defaults(LaunchDefaults((package_folder(script.parent),), dashboard_port, metrics_port))
+    sys.argv = [str(script), *args.args]
+    runpy.run_path(str(script), run_name="__main__")
     return 0
+
+
+def _add_observe_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dashboard-port", type=int, default=None,
+                        help=f"serve the dashboard on this port (default {DEFAULT_DASHBOARD_PORT}, or any free one)")
+    parser.add_argument("--no-dashboard", action="store_true", help="no dashboard")
+    parser.add_argument("--metrics-port", type=int, default=None,
+                        help=f"serve Prometheus metrics on this port (default {DEFAULT_METRICS_PORT}, or any free one)")
+    parser.add_argument("--no-metrics", action="store_true", help="no metrics endpoint")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -95,12 +135,18 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--duration", type=float, default=None, help="stop gracefully after this many seconds")
     demo.add_argument("--checkpoint", default=None,
                       help="checkpoint directory to resume from (default: a new temporary directory)")
+    _add_observe_options(demo)
     demo.set_defaults(handler=_demo)
 
-    run = commands.add_parser("run", help="run a pipeline file (a Python script that builds and starts it)")
-    run.add_argument("pipeline", help="path to the pipeline's .py file")
+    run = commands.add_parser(
+        "run", help="run a pipeline file (a Python script that builds and starts it); the modules beside it are "
+                    "shipped to the executors, and its contexts serve a dashboard and metrics unless they say not to")
+    run.add_argument("pipeline", help="path to the pipeline's .py file (batchline's options go before it)")
+    run.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the script (its sys.argv[1:])")
+    _add_observe_options(run)
     run.set_defaults(handler=_run)
 
+    add_operate_commands(commands)
     add_checkpoint_commands(commands)
     add_state_commands(commands)
     return parser

@@ -9,14 +9,33 @@ from dataclasses import dataclass
 from batchline.errors import ContextStateError
 from batchline.scheduler.input_info import StreamInputInfo
 
-__all__ = ["Job", "JobSet", "BatchState"]
+__all__ = ["Job", "JobKind", "JobSet", "BatchState"]
+
+
+class JobKind(enum.Enum):
+    """What a batch's job does: progress records time jobs by kind, and errors name the part of
+    the pipeline that failed by it."""
+
+    READ = "read"
+    """An input reads and counts its batch before any output runs."""
+    STATE = "state"
+    """A stateful operator runs its function over the batch and writes its state."""
+    OUTPUT = "output"
+    """An output operation writes the batch."""
 
 
 @dataclass(frozen=True)
 class Job:
     batch_time: int
     name: str
+    """The input's, operator's or output's name."""
     run: Callable[[], None]
+    kind: JobKind = JobKind.OUTPUT
+
+    def describe(self) -> str:
+        """What the job is, for people: "operator 'sessions'", "input 'files'", "output 'out'"."""
+        what = {JobKind.READ: "input", JobKind.STATE: "operator", JobKind.OUTPUT: "output"}[self.kind]
+        return f"{what} '{self.name}'"
 
 
 class BatchState(enum.Enum):
@@ -44,6 +63,8 @@ class JobSet:
     processing_start_time: int | None = None
     processing_end_time: int | None = None
     failure: str | None = None
+    generation_ms: int = 0
+    """How long taking the batch's input and building its jobs took."""
 
     def move_to(self, state: BatchState) -> None:
         if state not in _ALLOWED[self.state]:

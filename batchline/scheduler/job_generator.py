@@ -193,6 +193,10 @@ class JobGenerator:
                         "start runs them as missed batches", len(self._queued), self._queued[0], self._queued[-1])
         logger.info("Stopped JobGenerator")
 
+    def backlog(self) -> int:
+        """Batches due and not yet committed: generated and in flight, or waiting their turn."""
+        return len(self._queued) + len(self._in_flight)  # sizes only: safe to read from other threads
+
     def _all_processed_up_to(self, stop_time: int) -> bool:
         with self._lock:
             return not any(t <= stop_time for t in self._unprocessed)
@@ -270,6 +274,7 @@ class JobGenerator:
 
     # ---------------------------------------------------------------- one batch
     def _generate_jobs(self, time: int) -> None:
+        began = self._clock.now_ms()
         try:
             self._receiver_tracker.allocate_blocks_to_batch(time)
             jobs = self._batches.jobs_for(time)
@@ -278,7 +283,8 @@ class JobGenerator:
         else:
             self._in_flight.add(time)
             infos = self._input_info.get_info(time)
-            self._submit(JobSet(time, jobs, infos, self._clock.now_ms()))
+            now = self._clock.now_ms()
+            self._submit(JobSet(time, jobs, infos, now, generation_ms=now - began))
         self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=False))
 
     def on_batch_committed(self, time: int) -> None:

@@ -14,10 +14,9 @@ from pyspark.sql import SparkSession
 
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
-from batchline.errors import BatchFailedError, describe_job, short_cause
-from batchline.scheduler.input_info import InputInfoTracker
-from batchline.scheduler.job import BatchState, JobSet
-from batchline.scheduler.listener import BatchInfo, ExcludedExecutor, ListenerBus
+from batchline.errors import BatchFailedError, short_cause
+from batchline.scheduler.job import BatchState, Job, JobSet
+from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.retry import RetryPolicy
 
 __all__ = ["JobScheduler", "SchedulerSettings"]
@@ -57,8 +56,7 @@ class JobScheduler:
     named after the batch, so an immediate stop can cancel exactly the running batches. When
     one fails, the batch's jobs run again after a backoff on the clock, as ``settings.retry``
     allows; a stop cuts the wait short. Once they all succeeded, ``commit(batch_time)``
-    commits the batch on that same thread. ``excluded_executors`` tells which executors Spark
-    excluded, for the listeners' batch information.
+    commits the batch on that same thread. What happens to each batch is told to ``lifecycle``.
     """
 
     def __init__(
@@ -66,20 +64,16 @@ class JobScheduler:
         settings: SchedulerSettings,
         spark: SparkSession,
         clock: Clock,
-        input_info: InputInfoTracker,
-        listener_bus: ListenerBus,
+        lifecycle: BatchLifecycle,
         on_error: Callable[[BaseException], None],
         commit: Callable[[int], None],
-        excluded_executors: Callable[[], list[ExcludedExecutor]] | None = None,
     ) -> None:
         self.settings = settings
         self._spark = spark
         self._clock = clock
-        self._input_info = input_info
-        self._listener_bus = listener_bus
+        self._lifecycle = lifecycle
         self._on_error = on_error
         self._commit = commit
-        self._excluded_executors = excluded_executors or list
         self._executor = concurrent.futures.ThreadPoolExecutor(
             max_workers=settings.concurrent_jobs, thread_name_prefix="batchline-job"
         )
@@ -94,7 +88,7 @@ class JobScheduler:
         if not job_set.jobs:
             # Still reported: the batch took its input, and listeners see every batch time.
             logger.info("No jobs added for time %d ms", job_set.time)
-        self._listener_bus.post("on_batch_submitted", self._info(job_set, 0))
+        self._lifecycle.generated(job_set)
         future = self._executor.submit(self._run_job_set, job_set)
         with self._lock:
             self._futures[job_set.time] = future
@@ -104,7 +98,7 @@ class JobScheduler:
 
     def report_error(self, message: str, error: BaseException) -> None:
         logger.error("%s: %s", message, error)
-        self._listener_bus.post("on_error", error)
+        self._lifecycle.error(error)
         self._on_error(error)
 
     def _group_id(self, batch_time: int) -> str:
@@ -123,25 +117,25 @@ class JobScheduler:
         job_set.processing_start_time = self._clock.now_ms()
         job_set.move_to(BatchState.RUNNING)
         attempts = 1
-        self._listener_bus.post("on_batch_started", self._info(job_set, attempts))
+        self._lifecycle.started(job_set, attempts)
         while (failure := self._run_jobs(job_set)) is not None:
-            job_name, cause = failure
-            verdict = self._after_failure(job_set, job_name, cause, attempts)
+            job, cause = failure
+            verdict = self._after_failure(job_set, job, cause, attempts)
             if verdict is not _Verdict.RETRY:
-                self._fail(job_set, BatchFailedError(job_set.time, job_name, cause, attempts), attempts,
-                           stopped=verdict is _Verdict.STOPPED)
+                self._fail(job_set, BatchFailedError(job_set.time, job.name, cause, attempts, job.describe()),
+                           attempts, stopped=verdict is _Verdict.STOPPED)
                 return
             attempts += 1
-        job_set.processing_end_time = self._clock.now_ms()
+        job_set.processing_end_time = commit_started = self._clock.now_ms()
         try:
             # Not retried: the commit marker may already be written, and a fenced driver must stop.
             self._commit(job_set.time)
         except BaseException as cause:
-            self._fail(job_set, BatchFailedError(job_set.time, "commit", cause, attempts), attempts,
-                       stopped=self._cancelling)
+            self._fail(job_set, BatchFailedError(job_set.time, "commit", cause, attempts, "the batch's commit"),
+                       attempts, stopped=self._cancelling)
             return
         job_set.move_to(BatchState.COMPLETED)
-        self._finish(job_set, attempts)
+        self._lifecycle.finished(job_set, attempts, self._clock.now_ms() - commit_started)
         logger.info(
             "Finished jobs of time %d ms (total delay %d ms, processing %d ms%s)",
             job_set.time, job_set.processing_end_time - job_set.time,
@@ -149,17 +143,19 @@ class JobScheduler:
             f", {attempts} attempts" if attempts > 1 else "",
         )
 
-    def _run_jobs(self, job_set: JobSet) -> tuple[str, BaseException] | None:
+    def _run_jobs(self, job_set: JobSet) -> tuple[Job, BaseException] | None:
         """Run every job of the batch in order; the first one that fails and why, or None."""
         for job in job_set.jobs:
-            logger.debug("Starting job %s of batch %d", job.name, job.batch_time)
+            logger.debug("Starting job %s of batch %d", job.describe(), job.batch_time)
+            started = self._clock.now_ms()
             try:
                 job.run()
             except BaseException as cause:
-                return job.name, cause
+                return job, cause
+            self._lifecycle.job_finished(job_set, job, started, self._clock.now_ms())
         return None
 
-    def _after_failure(self, job_set: JobSet, job_name: str, cause: BaseException, attempt: int) -> _Verdict:
+    def _after_failure(self, job_set: JobSet, job: Job, cause: BaseException, attempt: int) -> _Verdict:
         """Decide whether run ``attempt`` of the batch is followed by another; wait the backoff if so."""
         if self._cancelling or self._stop_waiting.is_set():
             return _Verdict.STOPPED
@@ -167,17 +163,15 @@ class JobScheduler:
         if not policy.should_retry(cause, attempt):
             if attempt < policy.max_attempts:
                 logger.warning("Batch %s failed in %s with an error that the same input raises the same way "
-                               "every time; not retrying: %s", _batch(job_set.time), describe_job(job_name),
+                               "every time; not retrying: %s", _batch(job_set.time), job.describe(),
                                short_cause(cause))
             return _Verdict.GIVE_UP
         delay_ms = policy.backoff_ms(attempt)
         resume_at = self._clock.now_ms() + delay_ms  # fixed before anyone hears of the wait
         logger.warning("Batch %s failed in %s (attempt %d of %d): %s; retrying in %d ms",
-                       _batch(job_set.time), describe_job(job_name), attempt, policy.max_attempts,
+                       _batch(job_set.time), job.describe(), attempt, policy.max_attempts,
                        short_cause(cause), delay_ms)
-        job_set.failure = f"{describe_job(job_name)}: {short_cause(cause)}"
-        self._listener_bus.post("on_batch_retrying", self._info(job_set, attempt))
-        job_set.failure = None
+        self._lifecycle.retrying(job_set, attempt, f"{job.describe()}: {short_cause(cause)}")
         if not self._clock.wait_until(resume_at, self._stop_waiting):
             return _Verdict.STOPPED
         logger.info("Running batch %s again (attempt %d of %d)", _batch(job_set.time), attempt + 1,
@@ -188,7 +182,7 @@ class JobScheduler:
         job_set.processing_end_time = self._clock.now_ms()
         job_set.failure = str(error)
         job_set.move_to(BatchState.FAILED)
-        self._finish(job_set, attempts)
+        self._lifecycle.finished(job_set, attempts)
         if stopped:
             logger.info("Batch %d was cancelled by the stop; it was not committed, so the next start runs it",
                         job_set.time)
@@ -198,30 +192,6 @@ class JobScheduler:
     def _forget_future(self, batch_time: int, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.pop(batch_time, None)
-
-    def _finish(self, job_set: JobSet, attempts: int) -> None:
-        self._listener_bus.post("on_batch_completed", self._info(job_set, attempts))
-
-    def _info(self, job_set: JobSet, attempts: int) -> BatchInfo:
-        # Sources that count while the batch runs (files) replace their statistics then.
-        return BatchInfo(
-            batch_time=job_set.time,
-            submission_time=job_set.submission_time,
-            processing_start_time=job_set.processing_start_time,
-            processing_end_time=job_set.processing_end_time,
-            input_infos=self._input_info.get_info(job_set.time) or job_set.input_infos,
-            failure=job_set.failure,
-            state_operators=self._input_info.get_operators(job_set.time),
-            attempts=attempts,
-            excluded_executors=self._excluded() if attempts else [],
-        )
-
-    def _excluded(self) -> list[ExcludedExecutor]:
-        try:
-            return list(self._excluded_executors())
-        except Exception:
-            logger.exception("Could not tell which executors are excluded; reporting none for this batch")
-            return []
 
     # ---------------------------------------------------------------- stopping
     def wait_for_running_jobs(self, timeout_s: float) -> bool:
@@ -241,13 +211,13 @@ class JobScheduler:
                 logger.info("Cancelling Spark jobs of batch %d", batch_time)
                 self._spark.sparkContext.cancelJobGroup(self._group_id(batch_time))
 
-    def shutdown(self, graceful: bool) -> None:
+    def shutdown(self, graceful: bool) -> list[int]:
         """Stop running batches, so that none runs on once the checkpoint lease is given up.
 
         A graceful stop has already waited for them (up to its timeout); the batches still
         queued or running then (a backlog, or batches slower than the interval) are cancelled
         and named: they were not committed, and the next start runs them. A batch waiting to
-        retry gives up the same way."""
+        retry gives up the same way. Returns the batches that were not finished."""
         self._stop_waiting.set()
         with self._lock:
             unfinished = sorted(t for t, future in self._futures.items() if not future.done())
@@ -260,3 +230,4 @@ class JobScheduler:
             if not self.wait_for_running_jobs(_CANCEL_GRACE_S):
                 logger.warning("Some batch jobs did not return %.0f s after being cancelled", _CANCEL_GRACE_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        return unfinished

@@ -1,27 +1,34 @@
-"""Batch lifecycle events for listeners (SPEC A4, H2, H3): submitted, started, retrying, completed."""
+"""Batch lifecycle events for listeners (SPEC A4, H2, H3, I3): submitted, started, retrying,
+completed, and each finished batch's progress record.
+
+Listeners never slow batches down: each listener gets its events, in order, on a thread of
+its own through a bounded queue (as Spark's ``AsyncEventQueue``). A listener that raises is
+logged and keeps getting events; one that blocks holds up only its own queue, which drops
+events (counted, logged) once it is full, and is named in a WARN line while it is stuck.
+"""
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
+import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from batchline.scheduler.input_info import StreamInputInfo
+from batchline.scheduler.progress import ExcludedExecutor, StateOperatorProgress
 
-__all__ = ["BatchInfo", "ExcludedExecutor", "StreamingListener", "ListenerBus"]
+if TYPE_CHECKING:
+    from batchline.scheduler.progress import BatchProgress
+
+__all__ = ["BatchInfo", "ExcludedExecutor", "StreamingListener", "ListenerBus", "DEFAULT_LISTENER_QUEUE"]
 
 logger = logging.getLogger(__name__)
 
-
-@dataclass(frozen=True)
-class ExcludedExecutor:
-    """An executor Spark stopped scheduling tasks on after too many failures (exclude-on-failure)."""
-
-    executor_id: str
-    host: str
-    since_ms: int
-    """When batchline first saw it excluded (the end of that batch), in epoch milliseconds."""
+DEFAULT_LISTENER_QUEUE = 10_000
+"""Events a listener may fall behind by before its newest ones are dropped."""
+_STUCK_WARN_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -33,8 +40,8 @@ class BatchInfo:
     input_infos: dict[int, StreamInputInfo] = field(default_factory=dict)
     failure: str | None = None
     """Why the batch failed; while it is retrying (``on_batch_retrying``), why the last run failed."""
-    state_operators: dict[str, Any] = field(default_factory=dict)
-    """Each stateful operator's ``StateOperatorProgress`` for the batch, by operator name."""
+    state_operators: dict[str, StateOperatorProgress] = field(default_factory=dict)
+    """Each stateful operator's progress for the batch, by operator name."""
     attempts: int = 0
     """How many times the batch's jobs have run so far: 0 when submitted, 1 when started, more
     after retries (SPEC H3)."""
@@ -75,7 +82,8 @@ class BatchInfo:
 
 
 class StreamingListener:
-    """Override what you need; every method is called on the scheduler's threads, so keep it quick."""
+    """Override what you need. Each listener's methods are called in order on a thread of the
+    listener's own, never on a batch's thread: a slow listener delays only itself."""
 
     def on_batch_submitted(self, info: BatchInfo) -> None:
         pass
@@ -89,30 +97,120 @@ class StreamingListener:
     def on_batch_completed(self, info: BatchInfo) -> None:
         pass
 
+    def on_progress(self, progress: BatchProgress) -> None:
+        """The finished batch's progress record (after ``on_batch_completed``)."""
+
     def on_error(self, error: BaseException) -> None:
         pass
 
 
-class ListenerBus:
-    """Delivers events synchronously, in order; a listener that raises is logged, not fatal."""
-
+class _Flush:
     def __init__(self) -> None:
-        self._listeners: list[StreamingListener] = []
+        self.done = threading.Event()
+
+
+_STOP = object()
+
+
+class _Dispatcher:
+    """One listener's queue and thread."""
+
+    def __init__(self, listener: StreamingListener, capacity: int) -> None:
+        self.listener = listener
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
+        self.dropped = 0
+        self.busy_since: float | None = None
+        self.busy_in = ""
+        self._warned_stuck = False
+        self._thread = threading.Thread(target=self._run, name=f"batchline-listener-{type(listener).__name__}",
+                                        daemon=True)
+        self._thread.start()
+
+    def offer(self, item: object) -> None:
+        try:
+            self._queue.put_nowait(item)
+        except queue.Full:
+            self.dropped += 1
+            if self.dropped == 1 or self.dropped % 1000 == 0:
+                logger.warning("Listener %r is %d events behind; dropped %d events so far. Make it quicker, or hand "
+                               "its work to a thread of its own", self.listener, self._queue.maxsize, self.dropped)
+
+    def flush(self, timeout_s: float) -> bool:
+        marker = _Flush()
+        try:
+            self._queue.put(marker, timeout=timeout_s)
+        except queue.Full:
+            return False
+        return marker.done.wait(timeout_s)
+
+    def stop(self) -> None:
+        try:
+            self._queue.put_nowait(_STOP)
+        except queue.Full:
+            pass  # a daemon thread stuck in its listener; it goes with the process
+
+    def warn_if_stuck(self) -> None:
+        since = self.busy_since
+        if since is None or self._warned_stuck or time.monotonic() - since < _STUCK_WARN_S:
+            return
+        self._warned_stuck = True
+        logger.warning("Listener %r has been in %s for %.0f s; batches go on, and its events wait in its queue",
+                       self.listener, self.busy_in, time.monotonic() - since)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            if isinstance(item, _Flush):
+                item.done.set()
+                continue
+            assert isinstance(item, tuple)
+            method, payload = item
+            self.busy_in, self.busy_since = method, time.monotonic()
+            try:
+                getattr(self.listener, method)(payload)
+            except Exception:
+                logger.exception("Listener %r failed in %s; continuing", self.listener, method)
+            finally:
+                self.busy_since = None
+                self._warned_stuck = False
+
+
+class ListenerBus:
+    """Delivers events to each listener in order, on the listener's own thread."""
+
+    def __init__(self, capacity: int = DEFAULT_LISTENER_QUEUE) -> None:
+        self._capacity = capacity
+        self._dispatchers: list[_Dispatcher] = []
         self._lock = threading.Lock()
 
     def add(self, listener: StreamingListener) -> None:
         with self._lock:
-            self._listeners.append(listener)
+            self._dispatchers.append(_Dispatcher(listener, self._capacity))
 
     def remove(self, listener: StreamingListener) -> None:
         with self._lock:
-            self._listeners.remove(listener)
+            found = next((d for d in self._dispatchers if d.listener is listener), None)
+            if found is None:
+                raise ValueError(f"{listener!r} is not a listener of this pipeline")
+            self._dispatchers.remove(found)
+        found.stop()
 
     def post(self, method: str, payload: object) -> None:
         with self._lock:
-            listeners = list(self._listeners)
-        for listener in listeners:
-            try:
-                getattr(listener, method)(payload)
-            except Exception:
-                logger.exception("Listener %r failed in %s; continuing", listener, method)
+            dispatchers = list(self._dispatchers)
+        for dispatcher in dispatchers:
+            dispatcher.warn_if_stuck()
+            dispatcher.offer((method, payload))
+
+    def flush(self, timeout_s: float = 5.0) -> bool:
+        """Wait (up to ``timeout_s`` in all) until every listener handled the events posted so far."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            dispatchers = list(self._dispatchers)
+        behind = [d.listener for d in dispatchers if not d.flush(max(0.0, deadline - time.monotonic()))]
+        if behind:
+            logger.warning("Listener(s) %s did not handle their events within %.0f s; not waiting for them",
+                           ", ".join(repr(listener) for listener in behind), timeout_s)
+        return not behind

@@ -23,7 +23,7 @@ from pyspark.sql.types import StringType, StructField, StructType
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.storage import RawJson
 from batchline.errors import ConfigurationError, SourceError
-from batchline.scheduler.job import Job
+from batchline.scheduler.job import Job, JobKind
 from batchline.sources import parsing
 from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
@@ -269,7 +269,7 @@ class FileReader(InputRuntime, DeadLetterReader):
         def read_and_count() -> None:
             batch.frame.count()  # the observation counts; after_jobs reports
 
-        return Job(batch_time, f"read:{self.name}", read_and_count)
+        return Job(batch_time, self.name, read_and_count, JobKind.READ)
 
     def after_jobs(self, batch_time: int) -> None:
         """Report the batch's good and bad lines as the job that read them counted them (once,

@@ -182,6 +182,10 @@ class Stats:
     timed_out: int = 0
     output_rows: int = 0
     state_keys: int = 0
+    state_bytes: int = 0
+    """Estimated Arrow bytes of the partitions' state (keys times the mean delta row size)."""
+    delta_bytes: int = 0
+    """Bytes of the delta files written."""
     max_event_time_ms: int | None = field(default=None, metadata={"merge": _MAX})
     partitions: int = field(default=0, metadata={"merge": _OR})
     """A bit per state partition that ran, to prove none was coalesced away."""

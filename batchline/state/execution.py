@@ -72,6 +72,9 @@ class _Cached:
     token: int
     data: PartitionData
     index: TimeoutIndex[Any]
+    bytes_per_key: float = 0.0
+    """The mean Arrow size of a row of the partition's latest non-empty delta: what a key's
+    state is estimated to weigh (progress records' ``state_bytes``)."""
 
 
 _CacheKey = tuple[str, str, int, int]
@@ -311,8 +314,11 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
         stats = Stats()
         groups = _grouped(spec, params, batches, stats)
         outputs, delta = _call_function(spec, params, cached, groups, stats)
-        spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),
-                                 _delta_table(spec, params, delta))
+        delta_table = _delta_table(spec, params, delta)
+        stats.delta_bytes = spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),
+                                                     delta_table)
+        if delta_table.num_rows:
+            cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
         if (params.prev_version is not None and cached.data.version == params.prev_version
                 and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
             _write_snapshot(spec, partition, cached.data, background_snapshots)
@@ -321,6 +327,7 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
         cached.data.deltas_since_snapshot += 1
         cached.data.initial_keys = frozenset()
         stats.state_keys = len(cached.data.entries)
+        stats.state_bytes = int(stats.state_keys * cached.bytes_per_key)
         stats.output_rows = len(outputs)
         stats.partitions = 1 << partition
         stats.timers = (1 << partition) if len(cached.index) else 0

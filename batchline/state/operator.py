@@ -16,13 +16,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame
 
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
     BatchParams,
@@ -39,6 +39,7 @@ __all__ = [
     "PURGE_EVERY",
     "RETAINED_VERSIONS",
     "StateOperatorProgress",
+    "operator_progress",
     "operator_task",
     "publish_batch_params",
     "purge_old_versions",
@@ -54,28 +55,12 @@ PURGE_EVERY = 10
 """Committed batches between two clean-ups of old state files."""
 
 
-@dataclass(frozen=True)
-class StateOperatorProgress:
-    """What a stateful operator did in one batch."""
-
-    operator: str
-    input_rows: int
-    late_rows: int
-    keys_called: int
-    updated: int
-    removed: int
-    timed_out: int
-    output_rows: int
-    state_keys: int
-    watermark_ms: int | None
-    partitions_kept: int = 0
-    """Partitions of a batch re-run after a restart that kept what they had finished."""
-
-    @classmethod
-    def of(cls, operator: str, stats: Stats, watermark_ms: int | None, partitions_kept: int = 0
-           ) -> StateOperatorProgress:
-        return cls(operator, stats.rows, stats.late_rows, stats.keys_called, stats.updated, stats.removed,
-                   stats.timed_out, stats.output_rows, stats.state_keys, watermark_ms, partitions_kept)
+def operator_progress(operator: str, stats: Stats, watermark_ms: int | None, partitions_kept: int = 0,
+                      partitions_finished: int = 0) -> StateOperatorProgress:
+    """What the operator's tasks reported for one batch, as its progress record."""
+    return StateOperatorProgress(operator, stats.rows, stats.late_rows, stats.keys_called, stats.updated,
+                                 stats.removed, stats.timed_out, stats.output_rows, stats.state_keys, watermark_ms,
+                                 partitions_kept, stats.state_bytes, stats.delta_bytes, partitions_finished)
 
 
 class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]

@@ -31,13 +31,13 @@ from pyspark.sql.types import StructType
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
-from batchline.scheduler.job import Job
+from batchline.scheduler.job import Job, JobKind
 from batchline.state import operator
 from batchline.state.contract import BatchParams, OperatorSpec, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.operator import (
-    StateOperatorProgress,
+    operator_progress,
     operator_task,
     publish_batch_params,
     purge_old_versions,
@@ -304,7 +304,7 @@ class StatefulRuntime(StreamRuntime):
         df = self.get_or_compute(batch_time)
         if df is None:
             return None
-        return Job(batch_time, f"state:{self.name}", lambda: self._run(batch_time, df))
+        return Job(batch_time, self.name, lambda: self._run(batch_time, df), JobKind.STATE)
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
         # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
@@ -332,8 +332,8 @@ class StatefulRuntime(StreamRuntime):
         self._ran.add(batch_time)
         if ending:
             self._drain(batch_time, stats)
-        self.env.input_info.report_operator(batch_time, StateOperatorProgress.of(
-            self.name, stats, watermark, len(self._kept.get(batch_time, ()))))
+        self.env.input_info.report_operator(batch_time, operator_progress(
+            self.name, stats, watermark, len(self._kept.get(batch_time, ())), len(self._drained)))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)

@@ -233,8 +233,8 @@ class StateStore(abc.ABC):
         """The kinds of file present for each version of a partition."""
 
     @abc.abstractmethod
-    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> None:
-        """Write (or rewrite, for a retried task) the file ``header`` describes."""
+    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> int:
+        """Write (or rewrite, for a retried task) the file ``header`` describes; the bytes written."""
 
     @abc.abstractmethod
     def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
@@ -393,9 +393,10 @@ class FileStateStore(StateStore):
                 found.setdefault(parsed[0], set()).add(parsed[1])
         return found
 
-    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> None:
-        self.storage.replace(self._path(generation, header.partition, header.version, header.kind),
-                             encode_version_file(header, table))
+    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> int:
+        data = encode_version_file(header, table)
+        self.storage.replace(self._path(generation, header.partition, header.version, header.kind), data)
+        return len(data)
 
     def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
         path = self._path(generation, partition, version, kind)
@@ -459,10 +460,11 @@ class MemoryStateStore(StateStore):
                     found.setdefault(version, set()).add(kind)
         return found
 
-    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> None:
+    def write_version(self, generation: int, header: FileHeader, table: pa.Table) -> int:
         data = encode_version_file(header, table)
         with self._lock:
             self._files[(generation, header.partition, header.version, header.kind)] = data
+        return len(data)
 
     def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
         where = f"{self.location}/g{generation}/p{partition}/{_file_name(version, kind)}"

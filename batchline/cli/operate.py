@@ -1,0 +1,96 @@
+"""``batchline status LOCATION`` and ``batchline stop LOCATION``: see and steer a pipeline
+from any terminal, through its checkpoint location (SPEC I1)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+from batchline.batch_time import format_batch_time
+from batchline.checkpoint.storage import CheckpointStorage
+from batchline.cli.checkpoints import storage_options
+from batchline.clock import SystemClock
+from batchline.observe.control import NotRunningError, StopOutcome, read_stop_outcome, request_stop, running_holder
+from batchline.observe.status import read_status
+
+__all__ = ["add_operate_commands"]
+
+_POLL_S = 0.2
+_EXIT_NOT_RUNNING = 3
+_EXIT_TIMED_OUT = 2
+
+
+def _storage(args: argparse.Namespace) -> CheckpointStorage:
+    return CheckpointStorage(args.location, storage_options(args), warn=False)
+
+
+def _status(args: argparse.Namespace) -> int:
+    status = read_status(_storage(args), SystemClock())
+    if args.json:
+        print(json.dumps(status.to_json(), indent=2, sort_keys=True))
+    else:
+        print(status.describe())
+    return 0
+
+
+def _describe_outcome(outcome: StopOutcome) -> str:
+    last = f"; last committed batch {format_batch_time(outcome.last_committed)}" if outcome.last_committed else ""
+    if outcome.how == "graceful":
+        return f"Stopped gracefully: every received record was processed and every generated batch committed{last}."
+    if outcome.how == "immediate":
+        return (f"Stopped immediately: running batches were cancelled{last}. They were not committed, so the "
+                "next start runs them again; nothing is committed twice.")
+    unfinished = ", ".join(format_batch_time(t) for t in outcome.unfinished)
+    return (f"Stopped, but the graceful stop timed out with batches not finished ({unfinished}){last}. They were "
+            "not committed; the next start runs them.")
+
+
+def _stop(args: argparse.Namespace) -> int:
+    storage, clock = _storage(args), SystemClock()
+    try:
+        request, holder = request_stop(storage, clock, args.immediate)
+    except NotRunningError as error:
+        print(f"batchline: {error}")
+        return _EXIT_NOT_RUNNING
+    print(f"Asked {holder.describe()} to stop {'immediately' if args.immediate else 'gracefully'}; waiting up to "
+          f"{args.timeout:g} s", flush=True)
+    deadline = time.monotonic() + args.timeout
+    while time.monotonic() < deadline:
+        outcome = read_stop_outcome(storage)
+        if outcome is not None and outcome.request_id == request.request_id:
+            print(_describe_outcome(outcome))
+            return 0
+        if running_holder(storage, clock) is None and time.monotonic() + 2 < deadline:
+            # Gone without an answer: give its last write a moment, then say what is known.
+            time.sleep(2)
+            outcome = read_stop_outcome(storage)
+            if outcome is not None and outcome.request_id == request.request_id:
+                print(_describe_outcome(outcome))
+                return 0
+            print(f"The driver {holder.holder} is gone without saying how it stopped (it may have been killed). "
+                  f"`batchline status {args.location}` shows its last batch; the next start resumes from there.")
+            return 1
+        time.sleep(_POLL_S)
+    print(f"batchline: the pipeline at {args.location} did not stop within {args.timeout:g} s. It looks for the "
+          "request every batch interval (at most 2 s) and a graceful stop waits for running batches: wait longer "
+          f"with --timeout, or run `batchline stop {args.location} --immediate`.")
+    return _EXIT_TIMED_OUT
+
+
+def add_operate_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    status = commands.add_parser(
+        "status", help="whether a pipeline runs at a checkpoint location, its last batch, backlog and state")
+    status.add_argument("location", help="checkpoint location: a path or an fsspec URL (s3://...)")
+    status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
+    status.add_argument("--storage-options", default=None, help="fsspec options as a JSON object")
+    status.set_defaults(handler=_status)
+
+    stop = commands.add_parser(
+        "stop", help="ask the pipeline running at a checkpoint location to stop, and wait until it has")
+    stop.add_argument("location", help="checkpoint location: a path or an fsspec URL (s3://...)")
+    stop.add_argument("--immediate", action="store_true",
+                      help="cancel running batches instead of finishing them (they run again at the next start)")
+    stop.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for the stop (default 120)")
+    stop.add_argument("--storage-options", default=None, help="fsspec options as a JSON object")
+    stop.set_defaults(handler=_stop)

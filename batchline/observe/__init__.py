@@ -1,0 +1,1 @@
+"""What a running pipeline shows of itself: progress records, metrics, the dashboard."""

@@ -1,0 +1,164 @@
+"""Stopping a running pipeline from any terminal, through its checkpoint location (SPEC I1).
+
+``batchline stop LOCATION`` writes a stop request naming the lease token of the driver that
+holds the location; that driver polls for it (every batch interval, at most every 2 s),
+stops gracefully or immediately as asked, and writes how it ended. A request naming an
+older token is ignored: it was meant for a driver that is gone, so it never stops the one
+that took over. Nothing here relies on listing: both files have fixed names.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+
+from batchline.checkpoint.lease import Lease, LeaseRecord, holder_is_gone
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
+from batchline.clock import Clock
+from batchline.errors import BatchlineError
+
+__all__ = [
+    "STOP_REQUEST_FILE",
+    "STOP_OUTCOME_FILE",
+    "NotRunningError",
+    "StopOutcome",
+    "StopRequest",
+    "StopWatcher",
+    "read_stop_outcome",
+    "request_stop",
+    "running_holder",
+]
+
+logger = logging.getLogger(__name__)
+
+STOP_REQUEST_FILE = "_stop_request.json"
+STOP_OUTCOME_FILE = "_stop_outcome.json"
+MAX_POLL_MS = 2_000
+
+
+class NotRunningError(BatchlineError):
+    """No live driver holds the checkpoint location."""
+
+
+@dataclass(frozen=True)
+class StopRequest:
+    request_id: str
+    immediate: bool
+    token: int
+    """The lease token of the driver asked to stop."""
+    requested_at_ms: int
+    requested_by: str
+    """host:pid of the process that asked."""
+
+
+@dataclass(frozen=True)
+class StopOutcome:
+    request_id: str
+    holder: str
+    how: str
+    """``graceful``: every received record was processed and every generated batch committed;
+    ``graceful, timed out``: the graceful-stop timeout cut it short (``unfinished`` batches
+    run at the next start); ``immediate``: running batches were cancelled."""
+    stopped_at_ms: int
+    last_committed: int | None
+    unfinished: list[int] = field(default_factory=list)
+
+
+def running_holder(storage: CheckpointStorage, clock: Clock) -> LeaseRecord | None:
+    """The lease of the driver running at the location, or None when nobody runs there (no
+    lease, released, expired, or its process is known to be dead)."""
+    record = Lease(storage, clock).read()
+    if record is None or record.released or record.expires_at_ms <= clock.now_ms() or holder_is_gone(record):
+        return None
+    return record
+
+
+def request_stop(storage: CheckpointStorage, clock: Clock, immediate: bool) -> tuple[StopRequest, LeaseRecord]:
+    """Ask the driver holding the location to stop; NotRunningError when none does."""
+    holder = running_holder(storage, clock)
+    if holder is None:
+        raise NotRunningError(f"no pipeline is running at {storage.url}: no driver holds its lease. "
+                              f"`batchline status {storage.url}` shows how it last ended")
+    request = StopRequest(uuid.uuid4().hex, immediate, holder.token, clock.now_ms(),
+                          f"{socket.gethostname()}:{os.getpid()}")
+    storage.replace(STOP_REQUEST_FILE, seal(asdict(request)))
+    return request, holder
+
+
+def read_stop_outcome(storage: CheckpointStorage) -> StopOutcome | None:
+    try:
+        if not storage.exists(STOP_OUTCOME_FILE):
+            return None
+        return StopOutcome(**unseal(storage.read(STOP_OUTCOME_FILE), STOP_OUTCOME_FILE))
+    except (CorruptFileError, FileNotFoundError, TypeError):
+        return None
+
+
+def _read_request(storage: CheckpointStorage) -> StopRequest | None:
+    try:
+        if not storage.exists(STOP_REQUEST_FILE):
+            return None
+        return StopRequest(**unseal(storage.read(STOP_REQUEST_FILE), STOP_REQUEST_FILE))
+    except (CorruptFileError, FileNotFoundError, TypeError) as error:
+        logger.warning("Ignoring an unreadable stop request at %s (%s)", storage.full_url(STOP_REQUEST_FILE), error)
+        return None
+
+
+class StopWatcher:
+    """The driver's side: polls for a stop request meant for its lease token and hands it to
+    ``on_request`` once; ``report`` writes how the stop ended for the process that asked."""
+
+    def __init__(self, storage: CheckpointStorage, clock: Clock, token: Callable[[], int | None], poll_ms: int,
+                 on_request: Callable[[StopRequest], None]) -> None:
+        self._storage = storage
+        self._clock = clock
+        self._token = token
+        self._poll_ms = max(50, min(poll_ms, MAX_POLL_MS))
+        self._on_request = on_request
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="batchline-stop-watcher", daemon=True)
+        self.request: StopRequest | None = None
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._done.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=5)
+
+    def poll_once(self) -> StopRequest | None:
+        """Look for a request meant for this driver; hand it on and return it when one is there."""
+        request = _read_request(self._storage)
+        token = self._token()
+        if request is None or token is None or request.token != token or self.request is not None:
+            return None
+        self.request = request
+        logger.warning("%s asked this pipeline to stop %s (request %s); stopping", request.requested_by,
+                       "immediately" if request.immediate else "gracefully", request.request_id)
+        self._on_request(request)
+        return request
+
+    def report(self, outcome: StopOutcome) -> None:
+        try:
+            self._storage.replace(STOP_OUTCOME_FILE, seal(asdict(outcome)))
+        except OSError as error:
+            logger.warning("Could not tell the stop's requester how the pipeline stopped (%s)", error)
+
+    def _run(self) -> None:
+        next_poll = self._clock.now_ms() + self._poll_ms
+        while not self._done.is_set():
+            if not self._clock.wait_until(next_poll, self._done):
+                return
+            next_poll = self._clock.now_ms() + self._poll_ms
+            try:
+                if self.poll_once() is not None:
+                    return
+            except OSError as error:
+                logger.warning("Could not look for a stop request at %s (%s); looking again",
+                               self._storage.full_url(STOP_REQUEST_FILE), error)

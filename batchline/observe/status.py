@@ -1,0 +1,122 @@
+"""What a checkpoint location says of its pipeline, read by any process (SPEC I1).
+
+``read_status`` reads the lease (who holds the location, since when, how fresh), the progress
+records the running driver keeps there (the last batch, its delays, the backlog, each
+operator's state, excluded executors), the newest checkpoint (finished inputs, whether the
+pipeline finished) and the last stop's outcome. It changes nothing, and works on a location
+nobody holds, or that holds nothing at all.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchline.batch_time import format_batch_time
+from batchline.checkpoint.lease import Lease, LeaseRecord, holder_is_gone
+from batchline.checkpoint.storage import CheckpointStorage
+from batchline.checkpoint.writer import load_latest_checkpoint
+from batchline.clock import Clock
+from batchline.observe.control import StopOutcome, read_stop_outcome
+from batchline.observe.progress_log import read_progress
+from batchline.scheduler.progress import BatchProgress
+
+__all__ = ["PipelineStatus", "read_status", "RUNNING", "STOPPED", "FINISHED", "EMPTY", "DIED"]
+
+RUNNING = "running"
+STOPPED = "stopped"
+DIED = "stopped without releasing its lease"
+FINISHED = "finished"
+EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class PipelineStatus:
+    location: str
+    state: str
+    """``running``, ``stopped``, ``finished``, ``empty`` (nothing was ever run there), or
+    ``stopped without releasing its lease`` (the driver died; the next start takes over)."""
+    lease: LeaseRecord | None
+    lease_age_ms: int | None
+    """Since the holder last renewed the lease."""
+    last_batch: BatchProgress | None
+    checkpoint_time: int | None
+    finished_inputs: dict[str, int] = field(default_factory=dict)
+    """Inputs that ended, with the batch after which they did, as of the newest checkpoint."""
+    finished: bool = False
+    last_stop: StopOutcome | None = None
+
+    @property
+    def backlog(self) -> int:
+        return self.last_batch.backlog if self.last_batch is not None else 0
+
+    def to_json(self) -> dict[str, Any]:
+        payload = dataclasses.asdict(self)
+        payload["last_batch"] = self.last_batch.to_json() if self.last_batch is not None else None
+        payload["backlog"] = self.backlog
+        return payload
+
+    def describe(self) -> str:
+        """The status for people, a fact per line."""
+        lines = [f"{self.location}: {self.state}"]
+        lease = self.lease
+        if lease is not None:
+            since = f" since {format_batch_time(lease.acquired_at_ms)}" if lease.acquired_at_ms else ""
+            age = f", lease renewed {self.lease_age_ms / 1000:.1f} s ago" if self.lease_age_ms is not None else ""
+            role = "holder" if self.state == RUNNING else "last holder"
+            lines.append(f"  {role}: {lease.holder} (pid {lease.pid} on {lease.host}, token {lease.token}){since}{age}")
+        batch = self.last_batch
+        if batch is not None:
+            lines.append(f"  last batch: {batch.batch_time_iso} {batch.status}, {batch.records} records, "
+                         f"{batch.dead_letters} dead letters, scheduling delay {batch.scheduling_delay_ms} ms, "
+                         f"processing {batch.processing_ms} ms, total delay {batch.total_delay_ms} ms"
+                         + (f", {batch.attempts} attempts" if batch.attempts > 1 else ""))
+            lines.append(f"  backlog: {batch.backlog} batches")
+            for op in batch.state_operators:
+                lines.append(f"  operator {op.operator}: {op.state_keys} keys in state, about {op.state_bytes} bytes"
+                             + (f", {op.partitions_finished} partitions finished" if op.partitions_finished else ""))
+            if batch.watermark_ms is not None:
+                lines.append(f"  watermark: {format_batch_time(batch.watermark_ms)}")
+            for executor in batch.excluded_executors:
+                lines.append(f"  excluded executor {executor.executor_id} on {executor.host} since "
+                             f"{format_batch_time(executor.since_ms)}")
+            if not batch.excluded_executors:
+                lines.append("  excluded executors: none")
+            for error in batch.errors:
+                lines.append(f"  error: {error}")
+        elif self.state != EMPTY:
+            lines.append("  no batch has completed yet")
+        if self.checkpoint_time is not None:
+            lines.append(f"  newest checkpoint: batch {format_batch_time(self.checkpoint_time)}")
+        for name, after in sorted(self.finished_inputs.items()):
+            lines.append(f"  input {name} finished after batch {format_batch_time(after)}")
+        if self.finished:
+            lines.append("  the pipeline finished: every input ended and every output committed")
+        if self.last_stop is not None and self.state != RUNNING:
+            lines.append(f"  last stop: {self.last_stop.how}, at {format_batch_time(self.last_stop.stopped_at_ms)}")
+        return "\n".join(lines)
+
+
+def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
+    lease = Lease(storage, clock).read()
+    now = clock.now_ms()
+    checkpoint, _ = load_latest_checkpoint(storage)
+    records = read_progress(storage)
+    last = records[-1] if records else None
+    finished_inputs = {name: int(t) for name, t in
+                       (checkpoint.extra.get("finished", {}).get("inputs", {}) if checkpoint else {}).items()}
+    finished = bool(checkpoint is not None and checkpoint.extra.get("final"))
+    if lease is not None and not lease.released and lease.expires_at_ms > now and not holder_is_gone(lease):
+        state = RUNNING
+    elif finished:
+        state = FINISHED
+    elif lease is None and checkpoint is None and last is None:
+        state = EMPTY
+    elif lease is not None and not lease.released:
+        state = DIED
+    else:
+        state = STOPPED
+    age = now - lease.renewed_at_ms if lease is not None and lease.renewed_at_ms is not None else None
+    return PipelineStatus(storage.url, state, lease, age, last, checkpoint.time if checkpoint else None,
+                          finished_inputs, finished, read_stop_outcome(storage))

@@ -1,0 +1,230 @@
+"""The one place a batch's lifecycle is told (SPEC A4, I3).
+
+The generator and the job scheduler say what happens to a batch: generated (with how long
+that took), started, each job finished (with its timing), retrying (with why), finished
+(committed, or failed for good); the checkpoint writer says when a checkpoint was written.
+From these alone come the listeners' ``BatchInfo`` events, each finished batch's
+``BatchProgress`` record and the recent records (``StreamingContext.recent_progress``);
+metrics, the dashboard and the progress kept at the checkpoint location are listeners of
+those records, so they all tell the same story.
+
+Everything here runs on the thread that reports, and only builds small records: delivery
+to listeners is asynchronous (``ListenerBus``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TypeVar
+
+from batchline.clock import Clock
+from batchline.scheduler.input_info import InputInfoTracker
+from batchline.scheduler.job import Job, JobSet
+from batchline.scheduler.listener import BatchInfo, ListenerBus
+from batchline.scheduler.progress import (
+    COMPLETED,
+    FAILED,
+    BatchProgress,
+    CheckpointProgress,
+    ExcludedExecutor,
+    InputProgress,
+    JobTiming,
+    PhaseDurations,
+)
+
+__all__ = ["BatchLifecycle", "PipelineFacts", "DEFAULT_RECENT_PROGRESS"]
+
+logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
+
+DEFAULT_RECENT_PROGRESS = 100
+
+
+class PipelineFacts(Protocol):
+    """What a progress record tells of the pipeline beyond the batch itself."""
+
+    def finished_inputs(self) -> set[str]:
+        """Names of the inputs that have ended."""
+
+    def lease(self) -> tuple[str, int] | None:
+        """The checkpoint lease's holder and fencing token (None without a checkpoint)."""
+
+    def backlog(self) -> int:
+        """Batches due and not yet committed, the batch being reported included."""
+
+
+class NoFacts:
+    """A pipeline with nothing more to tell (tests of the scheduler alone)."""
+
+    def finished_inputs(self) -> set[str]:
+        return set()
+
+    def lease(self) -> tuple[str, int] | None:
+        return None
+
+    def backlog(self) -> int:
+        return 0
+
+
+@dataclass
+class _Trace:
+    """What is known of one batch while it runs."""
+
+    jobs: list[JobTiming] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+class BatchLifecycle:
+    def __init__(self, bus: ListenerBus, clock: Clock, input_info: InputInfoTracker, batch_interval_ms: int,
+                 facts: PipelineFacts | None = None,
+                 excluded_executors: Callable[[], list[ExcludedExecutor]] | None = None,
+                 keep_recent: int = DEFAULT_RECENT_PROGRESS) -> None:
+        self._bus = bus
+        self._clock = clock
+        self._input_info = input_info
+        self._batch_interval_ms = batch_interval_ms
+        self.facts: PipelineFacts = facts or NoFacts()
+        """Set once the pipeline runs."""
+        self.excluded_executors: Callable[[], list[ExcludedExecutor]] = excluded_executors or list
+        """Which executors Spark excluded (SPEC H2); set once the pipeline runs."""
+        self._lock = threading.Lock()
+        self._traces: dict[int, _Trace] = {}
+        self._recent: deque[BatchProgress] = deque(maxlen=max(1, keep_recent))
+        self._checkpoint: CheckpointProgress | None = None
+        """The newest checkpoint written since the last record, for the next record."""
+
+    # ---------------------------------------------------------------- what the records say
+    @property
+    def recent_progress(self) -> list[BatchProgress]:
+        with self._lock:
+            return list(self._recent)
+
+    @property
+    def last_progress(self) -> BatchProgress | None:
+        with self._lock:
+            return self._recent[-1] if self._recent else None
+
+    # ---------------------------------------------------------------- events
+    def generated(self, job_set: JobSet) -> None:
+        with self._lock:
+            self._traces[job_set.time] = _Trace()
+        self._bus.post("on_batch_submitted", self._info(job_set, 0))
+
+    def started(self, job_set: JobSet, attempts: int) -> None:
+        self._bus.post("on_batch_started", self._info(job_set, attempts))
+
+    def job_finished(self, job_set: JobSet, job: Job, started_ms: int, ended_ms: int) -> None:
+        with self._lock:
+            self._trace(job_set.time).jobs.append(
+                JobTiming(job.name, job.kind.value, started_ms, max(0, ended_ms - started_ms)))
+
+    def retrying(self, job_set: JobSet, attempt: int, failure: str) -> None:
+        """Run ``attempt`` failed with ``failure``; the batch runs again after a backoff."""
+        with self._lock:
+            trace = self._trace(job_set.time)
+            trace.errors.append(f"attempt {attempt}: {failure}")
+            trace.jobs.clear()  # the record times the attempt that counts, the last one
+        job_set.failure = failure
+        self._bus.post("on_batch_retrying", self._info(job_set, attempt))
+        job_set.failure = None
+
+    def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0) -> None:
+        """The batch committed, or failed for good (``job_set.failure``)."""
+        info = self._info(job_set, attempts)
+        progress = self._progress(job_set, info, commit_ms)
+        with self._lock:
+            self._recent.append(progress)
+        self._bus.post("on_batch_completed", info)
+        self._bus.post("on_progress", progress)
+
+    def checkpoint_written(self, time: int, duration_ms: int, size: int) -> None:
+        with self._lock:
+            self._checkpoint = CheckpointProgress(time, duration_ms, size)
+
+    def error(self, error: BaseException) -> None:
+        self._bus.post("on_error", error)
+
+    # ---------------------------------------------------------------- building
+    def _trace(self, batch_time: int) -> _Trace:
+        return self._traces.setdefault(batch_time, _Trace())
+
+    def _info(self, job_set: JobSet, attempts: int) -> BatchInfo:
+        # Sources that count while the batch runs (files) replace their statistics then.
+        return BatchInfo(
+            batch_time=job_set.time,
+            submission_time=job_set.submission_time,
+            processing_start_time=job_set.processing_start_time,
+            processing_end_time=job_set.processing_end_time,
+            input_infos=self._input_info.get_info(job_set.time) or job_set.input_infos,
+            failure=job_set.failure,
+            state_operators=self._input_info.get_operators(job_set.time),
+            attempts=attempts,
+            excluded_executors=self._excluded() if attempts else [],
+        )
+
+    def _progress(self, job_set: JobSet, info: BatchInfo, commit_ms: int) -> BatchProgress:
+        with self._lock:
+            trace = self._traces.pop(job_set.time, _Trace())
+            checkpoint, self._checkpoint = self._checkpoint, None
+            # Traces of batches that never finish (cancelled by a stop) go with older ones.
+            for stale in [t for t in self._traces if t < job_set.time - 1000 * self._batch_interval_ms]:
+                del self._traces[stale]
+        processing_s = (info.processing_delay_ms or 0) / 1000
+        interval_s = self._batch_interval_ms / 1000
+        nothing: set[str] = set()
+        finished = self._safely(self.facts.finished_inputs, nothing)
+        inputs = tuple(
+            InputProgress(
+                name=i.input_name,
+                records=i.num_records or 0,
+                dead_letters=i.dead_letters,
+                late_records=i.late_records,
+                input_rate=round((i.num_records or 0) / interval_s, 3),
+                processing_rate=round((i.num_records or 0) / processing_s, 3) if processing_s > 0 else 0.0,
+                position=dict(i.metadata),
+                finished=i.input_name in finished,
+            )
+            for i in sorted(info.input_infos.values(), key=lambda i: i.input_id)
+        )
+        operators = tuple(info.state_operators[name] for name in sorted(info.state_operators))
+        watermarks = [op.watermark_ms for op in operators if op.watermark_ms is not None]
+        lease = self._safely(self.facts.lease, None)
+        errors = [*trace.errors, *([job_set.failure] if job_set.failure else [])]
+        return BatchProgress(
+            batch_time=job_set.time,
+            status=FAILED if job_set.failure else COMPLETED,
+            submission_time_ms=job_set.submission_time,
+            processing_start_ms=job_set.processing_start_time,
+            processing_end_ms=job_set.processing_end_time,
+            batch_interval_ms=self._batch_interval_ms,
+            attempts=info.attempts,
+            inputs=inputs,
+            state_operators=operators,
+            durations=PhaseDurations(job_set.generation_ms, tuple(trace.jobs), commit_ms,
+                                     checkpoint.duration_ms if checkpoint else None),
+            checkpoint=checkpoint,
+            watermark_ms=max(watermarks) if watermarks else None,
+            lease_holder=lease[0] if lease else None,
+            lease_token=lease[1] if lease else None,
+            excluded_executors=tuple(info.excluded_executors),
+            backlog=max(0, self._safely(self.facts.backlog, 1) - 1),
+            errors=tuple(errors),
+        )
+
+    def _excluded(self) -> list[ExcludedExecutor]:
+        none: list[ExcludedExecutor] = []
+        return list(self._safely(self.excluded_executors, none))
+
+    @staticmethod
+    def _safely(read: Callable[[], _T], default: _T) -> _T:
+        try:
+            return read()
+        except Exception:
+            logger.exception("Could not read %s for the batch's record; leaving it out",
+                             getattr(read, "__name__", read))
+            return default

@@ -1,0 +1,221 @@
+"""Progress records (SPEC I3): one JSON-serializable record per finished batch, in the spirit
+of Structured Streaming's ``StreamingQueryProgress`` but for this engine.
+
+Each part of a record is a dataclass of its own. ``BatchProgress.to_json()`` gives plain
+JSON types (what the progress file at the checkpoint location, the dashboard and
+``batchline status --json`` show); ``BatchProgress.from_json()`` reads it back, ignoring
+fields it does not know, so an older reader survives a newer writer.
+
+Every duration is in milliseconds and every time in epoch milliseconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from batchline.batch_time import format_batch_time
+
+__all__ = [
+    "BatchProgress",
+    "CheckpointProgress",
+    "ExcludedExecutor",
+    "InputProgress",
+    "JobTiming",
+    "PhaseDurations",
+    "StateOperatorProgress",
+    "COMPLETED",
+    "FAILED",
+]
+
+COMPLETED = "completed"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class ExcludedExecutor:
+    """An executor Spark stopped scheduling tasks on after too many failures (exclude-on-failure)."""
+
+    executor_id: str
+    host: str
+    since_ms: int
+    """When batchline first saw it excluded (the end of that batch), in epoch milliseconds."""
+
+
+@dataclass(frozen=True)
+class StateOperatorProgress:
+    """What a stateful operator did in one batch."""
+
+    operator: str
+    input_rows: int
+    late_rows: int
+    keys_called: int
+    updated: int
+    removed: int
+    timed_out: int
+    output_rows: int
+    state_keys: int
+    watermark_ms: int | None
+    partitions_kept: int = 0
+    """Partitions of a batch re-run after a restart that kept what they had finished."""
+    state_bytes: int = 0
+    """Estimated bytes of the state in Arrow: each partition's keys times the mean size of
+    a row of its latest non-empty delta."""
+    delta_bytes: int = 0
+    """Bytes of the state delta files the batch wrote."""
+    partitions_finished: int = 0
+    """State partitions whose input has ended and that hold no timer (SPEC G2)."""
+
+
+@dataclass(frozen=True)
+class InputProgress:
+    """What one input gave one batch."""
+
+    name: str
+    records: int
+    dead_letters: int = 0
+    late_records: int = 0
+    """Rows of this input's stream that stateful operators dropped as late (behind the watermark)."""
+    input_rate: float = 0.0
+    """Records per second of batch interval: how fast the input arrived."""
+    processing_rate: float = 0.0
+    """Records per second of the batch's processing time: how fast the batch worked them off."""
+    position: dict[str, Any] = field(default_factory=dict)
+    """What the batch took of the input (offsets, entry ids, files), as the input reports it."""
+    finished: bool = False
+    """The input has ended (a bounded input read to its end)."""
+
+
+@dataclass(frozen=True)
+class JobTiming:
+    """One job of the batch (its last attempt)."""
+
+    name: str
+    kind: str
+    """A ``JobKind`` value: ``read``, ``state`` or ``output``."""
+    started_ms: int
+    duration_ms: int
+
+
+@dataclass(frozen=True)
+class CheckpointProgress:
+    """A checkpoint written since the previous record (checkpoints are written on a thread of
+    their own, after the batch they describe committed)."""
+
+    time: int
+    duration_ms: int
+    bytes: int
+
+
+@dataclass(frozen=True)
+class PhaseDurations:
+    """Where the batch's time went, phase by phase."""
+
+    generation_ms: int = 0
+    """Taking the input and building the batch's jobs (on the generator's thread)."""
+    jobs: tuple[JobTiming, ...] = ()
+    """Each output's and each stateful operator's job, in the order they ran."""
+    commit_ms: int = 0
+    """Counting, verifying and writing the commit marker."""
+    checkpoint_ms: int | None = None
+    """The newest checkpoint write finished since the previous record, if any."""
+
+    @property
+    def jobs_ms(self) -> int:
+        return sum(job.duration_ms for job in self.jobs)
+
+
+@dataclass(frozen=True)
+class BatchProgress:
+    """Everything about one finished batch (completed, or failed for good)."""
+
+    batch_time: int
+    status: str
+    """``completed``, or ``failed`` (the pipeline stops; the batch runs again at the next start)."""
+    submission_time_ms: int
+    processing_start_ms: int | None
+    processing_end_ms: int | None
+    batch_interval_ms: int
+    attempts: int
+    inputs: tuple[InputProgress, ...] = ()
+    state_operators: tuple[StateOperatorProgress, ...] = ()
+    durations: PhaseDurations = field(default_factory=PhaseDurations)
+    checkpoint: CheckpointProgress | None = None
+    watermark_ms: int | None = None
+    """The highest watermark among the stateful operators after the batch (None without one)."""
+    lease_holder: str | None = None
+    lease_token: int | None = None
+    excluded_executors: tuple[ExcludedExecutor, ...] = ()
+    backlog: int = 0
+    """Batches due and not yet finished when this one finished (0 when keeping up)."""
+    errors: tuple[str, ...] = ()
+    """Why the batch failed, and why earlier attempts failed (each retry)."""
+
+    # ---------------------------------------------------------------- derived
+    @property
+    def batch_time_iso(self) -> str:
+        return format_batch_time(self.batch_time)
+
+    @property
+    def scheduling_delay_ms(self) -> int | None:
+        """From the batch's time until its first job started."""
+        return None if self.processing_start_ms is None else self.processing_start_ms - self.batch_time
+
+    @property
+    def processing_ms(self) -> int | None:
+        if self.processing_start_ms is None or self.processing_end_ms is None:
+            return None
+        return self.processing_end_ms - self.processing_start_ms
+
+    @property
+    def total_delay_ms(self) -> int | None:
+        return None if self.processing_end_ms is None else self.processing_end_ms - self.batch_time
+
+    @property
+    def records(self) -> int:
+        return sum(i.records for i in self.inputs)
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(i.dead_letters for i in self.inputs)
+
+    @property
+    def late_records(self) -> int:
+        return sum(op.late_rows for op in self.state_operators)
+
+    # ---------------------------------------------------------------- JSON
+    def to_json(self) -> dict[str, Any]:
+        payload = dataclasses.asdict(self)
+        payload["batch_time_iso"] = self.batch_time_iso
+        payload["scheduling_delay_ms"] = self.scheduling_delay_ms
+        payload["processing_ms"] = self.processing_ms
+        payload["total_delay_ms"] = self.total_delay_ms
+        payload["records"] = self.records
+        payload["dead_letters"] = self.dead_letters
+        payload["late_records"] = self.late_records
+        return payload
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> BatchProgress:
+        durations = payload.get("durations") or {}
+        checkpoint = payload.get("checkpoint")
+        return cls(**{
+            **_known(cls, payload),
+            "inputs": tuple(InputProgress(**_known(InputProgress, i)) for i in payload.get("inputs", ())),
+            "state_operators": tuple(StateOperatorProgress(**_known(StateOperatorProgress, o))
+                                     for o in payload.get("state_operators", ())),
+            "durations": PhaseDurations(**{
+                **_known(PhaseDurations, durations),
+                "jobs": tuple(JobTiming(**_known(JobTiming, j)) for j in durations.get("jobs", ())),
+            }),
+            "checkpoint": CheckpointProgress(**_known(CheckpointProgress, checkpoint)) if checkpoint else None,
+            "excluded_executors": tuple(ExcludedExecutor(**_known(ExcludedExecutor, e))
+                                        for e in payload.get("excluded_executors", ())),
+            "errors": tuple(payload.get("errors", ())),
+        })
+
+
+def _known(cls: type, payload: dict[str, Any]) -> dict[str, Any]:
+    names = {f.name for f in dataclasses.fields(cls)}
+    return {k: v for k, v in payload.items() if k in names}
