@@ -10,7 +10,7 @@ os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
 FIXTURE_MARKERS = {"spark": "spark", "standalone_cluster": "cluster", "s3_endpoint": "server",
-                   "redis_server": "server", "postgres_server": "server"}
+                   "redis_server": "server", "postgres_server": "server", "chromium": "browser"}
 """A test that uses the fixture gets the marker: ``pytest -m "not chaos and not cluster"`` is the
 fast tier (README)."""
 CHAOS_MODULES = {"test_chaos", "test_bounded_chaos", "test_partition_recovery", "test_worker_kill", "test_cluster",
@@ -92,3 +92,33 @@ def postgres_server():
     server = PostgresServer().start()
     yield server
     server.stop()
+
+
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+
+
+@pytest.fixture(scope="session")
+def chromium(tmp_path_factory):
+    """Debian's headless Chromium driven through Debian's chromedriver (Selenium), for the
+    whole session. Fails, never skips, when either is missing (`apt-get install chromium
+    chromium-driver`)."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(path)]
+    if missing:
+        pytest.fail(f"{' and '.join(missing)} not found: install Debian's browser with "
+                    "`apt-get install chromium chromium-driver` (CI does)")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    # Headless, as root, and without the background connections this closed network refuses.
+    for flag in ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                 "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                 "--disable-dev-shm-usage", "--window-size=1400,1100",
+                 f"--user-data-dir={tmp_path_factory.mktemp('chromium-profile')}"):
+        options.add_argument(flag)
+    # The driver named explicitly: Selenium must not try to download one.
+    driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)
+    yield driver
+    driver.quit()
