@@ -83,7 +83,8 @@ class PipelineMetrics:
                                         buckets=DURATION_BUCKETS, registry=registry)
         self.job_duration = Histogram("batchline_job_duration_seconds",
                                       "Duration of each batch's jobs (the last attempt), by kind (read, state, "
-                                      "output).", ["kind"], buckets=DURATION_BUCKETS, registry=registry)
+                                      "output) and by the input's, operator's or output's name.", ["kind", "name"],
+                                      buckets=DURATION_BUCKETS, registry=registry)
         self.backlog = Gauge("batchline_backlog_batches",
                              "Batches due and not yet finished when the last batch finished.", registry=registry)
         self.excluded_executors = Gauge("batchline_excluded_executors",
@@ -166,7 +167,7 @@ class PipelineMetrics:
         if progress.total_delay_ms is not None:
             self.total_delay.set(_seconds(progress.total_delay_ms))
         for job in progress.durations.jobs:
-            self.job_duration.labels(job.kind).observe(_seconds(job.duration_ms))
+            self.job_duration.labels(job.kind, job.name).observe(_seconds(job.duration_ms))
         if progress.watermark_ms is not None:
             if self._watermark is None:
                 self._watermark = Gauge("batchline_watermark_seconds",

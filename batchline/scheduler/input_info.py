@@ -6,6 +6,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from batchline.scheduler.progress import StateOperatorProgress
+
 __all__ = ["StreamInputInfo", "InputInfoTracker"]
 
 
@@ -28,7 +30,7 @@ class InputInfoTracker:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_batch: dict[int, dict[int, StreamInputInfo]] = {}
-        self._operators: dict[int, dict[str, Any]] = {}
+        self._operators: dict[int, dict[str, StateOperatorProgress]] = {}
 
     def report(self, batch_time: int, info: StreamInputInfo) -> None:
         """Record (or replace, once counts are known) an input's statistics for a batch."""
@@ -39,12 +41,12 @@ class InputInfoTracker:
         with self._lock:
             return dict(self._by_batch.get(batch_time, {}))
 
-    def report_operator(self, batch_time: int, progress: Any) -> None:
-        """Record a stateful operator's progress (``StateOperatorProgress``) for a batch."""
+    def report_operator(self, batch_time: int, progress: StateOperatorProgress) -> None:
+        """Record a stateful operator's progress for a batch."""
         with self._lock:
             self._operators.setdefault(batch_time, {})[progress.operator] = progress
 
-    def get_operators(self, batch_time: int) -> dict[str, Any]:
+    def get_operators(self, batch_time: int) -> dict[str, StateOperatorProgress]:
         with self._lock:
             return dict(self._operators.get(batch_time, {}))
 
