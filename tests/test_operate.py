@@ -3,6 +3,7 @@ process on real time, the command line runs as a process of its own and reaches 
 the checkpoint location (a local folder, or S3)."""
 
 import collections
+import functools
 import json
 import os
 import socket
@@ -137,7 +138,7 @@ def test_status_of_a_running_pipeline_then_stop_from_the_command_line_processes_
         assert lines[0] == f"{location}: running"
         holder = ssc.checkpoint_manager.lease.holder
         assert any(line.strip().startswith(f"holder: {holder} (pid {os.getpid()} on ") for line in lines), lines
-        assert any(line.strip().startswith("last batch: ") and " records" in line for line in lines), lines
+        assert any(line.strip().startswith("last completed batch: ") and " records" in line for line in lines), lines
         assert any(line.strip().startswith("backlog: ") for line in lines), lines
 
         last = [f"last-{i}" for i in range(3000)]
@@ -180,27 +181,31 @@ class Seen:
     count: int
 
 
-def number_events(key, rows, state):
+def number_events(slow_while, key, rows, state):
     """Numbers a user's events 1, 2, 3, ... across batches: an event committed twice, or a batch
-    whose state counted twice, shows as a repeated or skipped number."""
+    whose state counted twice, shows as a repeated or skipped number. While the file
+    ``slow_while`` exists, each batch takes longer than the interval, so that a batch is always
+    running or queued when a stop comes."""
     seen = state.get() if state.exists else Seen(0)
     count = seen.count
     out = []
     for row in rows:
         count += 1
         out.append({"id": key, "data": row.data, "n": count})
-    time.sleep(0.25)  # batches take longer than the interval: one is always running when the stop comes
+    if os.path.exists(slow_while):
+        time.sleep(0.1)
     state.update(Seen(count))
     return out
 
 
-def numbering_pipeline(spark, location, out, recorder):
-    ssc = StreamingContext(spark, "500ms", checkpoint=location)
+def numbering_pipeline(spark, location, out, recorder, slow_while):
+    # A graceful stop finishes every batch due by then, however far behind: none is left half done.
+    ssc = StreamingContext(spark, "500ms", checkpoint=location, graceful_stop_timeout="90s")
     ssc.add_listener(recorder)
-    events = ssc.generator_stream(rate=300, users=6, name="events")
+    events = ssc.generator_stream(rate=300, users=6, partitions=1, name="events")
     numbered = events.group_by_key("id").flat_map_groups_with_state(
-        number_events, state_schema=Seen, output_schema="id int, data string, n long", name="numbering",
-        num_partitions=4)
+        functools.partial(number_events, slow_while), state_schema=Seen,
+        output_schema="id int, data string, n long", name="numbering", num_partitions=2)
     numbered.write_files(out, "parquet", name="numbered")
     return ssc
 
@@ -217,12 +222,13 @@ def not_committed(recorder):
 
 
 def test_an_immediate_stop_then_a_restart_commits_nothing_twice(spark, tmp_path):
-    location, out = str(tmp_path / "checkpoint"), str(tmp_path / "out")
+    location, out, slow = str(tmp_path / "checkpoint"), str(tmp_path / "out"), tmp_path / "slow"
+    slow.touch()
     first_recorder = BatchRecorder()
-    first = numbering_pipeline(spark, location, out, first_recorder)
+    first = numbering_pipeline(spark, location, out, first_recorder, str(slow))
     first.start()
     try:
-        first_recorder.wait_for_completed(3, timeout=90)
+        first_recorder.wait_for_completed(2, timeout=90)
         first_recorder.wait_for_event("started", first_recorder.completed[-1].batch_time + 500, timeout=30)
         stop = cli("stop", location, "--immediate", "--timeout", "60")
     finally:
@@ -242,22 +248,28 @@ def test_an_immediate_stop_then_a_restart_commits_nothing_twice(spark, tmp_path)
     assert status["last_stop"]["how"] == "immediate"
     assert status["last_stop"]["last_committed"] == max(first_completed)
     assert status["lease"]["expires_at_ms"] == 0
-    assert status["last_batch"]["batch_time"] == first.last_progress.batch_time
+    # The last completed batch; the batches the stop cut short are listed as cancelled.
+    assert status["last_batch"]["batch_time"] == max(first_completed)
+    assert status["last_batch"]["status"] == "completed"
+    cancelled = [r["batch_time"] for r in status["failed_batches"] if r["status"] == "cancelled"]
+    assert cancelled and set(cancelled) <= set(cut_short), (cancelled, cut_short)
     assert "  last stop: immediate, at " in cli("status", location).stdout
     before = read_numbered(out)
     assert {int(t) for t in before.column("batch_time").to_pylist()} == {
         t for t in first_completed if has_rows(t, first_recorder)}
 
+    slow.unlink()  # the same pipeline, faster: the batches due after the down time are soon done
     second_recorder = BatchRecorder()
-    second = numbering_pipeline(spark, location, out, second_recorder)
+    second = numbering_pipeline(spark, location, out, second_recorder, str(slow))
     second.start()
     try:
-        second_recorder.wait_for_completed(len(cut_short) + 3, timeout=120)
+        second_recorder.wait_for_completed(len(cut_short) + 2, timeout=120)
     finally:
         second.stop(graceful=True)
     assert second.await_termination(10)
     second_completed = committed(second_recorder)
     assert set(cut_short) <= set(second_completed)  # the batches cut short ran again
+    assert not_committed(second_recorder) == []
     assert not set(first_completed) & set(second_completed)
 
     table = read_numbered(out)
@@ -294,16 +306,28 @@ def test_status_of_a_finished_pipeline_names_the_finished_input(spark, tmp_path)
     location = str(tmp_path / "checkpoint")
     ssc = StreamingContext(spark, "500ms", checkpoint=location)
     sink = CollectSink()
-    ssc.generator_stream(1_000_000, total=120, max_records_per_batch=50, name="backfill").foreach_batch(sink)
+
+    def slow_first(df, batch_time):
+        if not sink.batches:
+            time.sleep(1.5)  # the next batches are generated meanwhile, the last one taking the input's end
+        sink(df, batch_time)
+
+    ssc.generator_stream(1_000_000, total=120, max_records_per_batch=50, name="backfill").foreach_batch(slow_first)
     assert ssc.run_until_finished(timeout=60)
     assert len(sink.all_rows()) == 120
     status = status_json(location)
     assert status["state"] == "finished", status
     assert status["finished"] is True
     assert list(status["finished_inputs"]) == ["backfill"]
-    assert status["finished_inputs"]["backfill"] == status["checkpoint_time"]
+    # 50 + 50 + 20 events: the input ended with its third batch, the final checkpoint is of that or a later one.
+    ended = sorted(p.batch_time for p in ssc.recent_progress if p.records)[2]
+    assert status["finished_inputs"]["backfill"] == ended <= status["checkpoint_time"]
     assert status["lease"]["expires_at_ms"] == 0
-    assert status["last_batch"]["inputs"][0]["finished"] is True
+    # The records say when the input ended: not in the batches before its last records, though it
+    # had already ended (batches are generated ahead) when their records were made.
+    assert [(p.inputs[0].records, p.inputs[0].finished) for p in ssc.recent_progress if p.inputs] == [
+        (50, False), (50, False), (20, True)]
+    assert status["last_batch"]["batch_time"] == ssc.last_progress.batch_time
     text = cli("status", location).stdout
     assert text.splitlines()[0] == f"{location}: finished"
     assert "  input backfill finished after batch " in text

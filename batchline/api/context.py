@@ -614,9 +614,9 @@ class _Facts:
     def __init__(self, context: StreamingContext) -> None:
         self._context = context
 
-    def finished_inputs(self) -> set[str]:
+    def finished_inputs(self) -> dict[str, int]:
         pipeline = self._context.pipeline
-        return {s.name for s in pipeline.inputs if s.finished_after() is not None} if pipeline else set()
+        return {s.name: t for s in pipeline.inputs if (t := s.finished_after()) is not None} if pipeline else {}
 
     def lease(self) -> tuple[str, int] | None:
         checkpoints = self._context.checkpoint_manager

@@ -20,7 +20,7 @@ from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.clock import Clock
 from batchline.observe.control import StopOutcome, read_stop_outcome
 from batchline.observe.progress_log import read_progress
-from batchline.scheduler.progress import BatchProgress
+from batchline.scheduler.progress import COMPLETED, BatchProgress
 
 __all__ = ["PipelineStatus", "read_status", "RUNNING", "STOPPED", "FINISHED", "EMPTY", "DIED"]
 
@@ -41,11 +41,14 @@ class PipelineStatus:
     lease_age_ms: int | None
     """Since the holder last renewed the lease."""
     last_batch: BatchProgress | None
+    """The last completed batch."""
     checkpoint_time: int | None
     finished_inputs: dict[str, int] = field(default_factory=dict)
     """Inputs that ended, with the batch after which they did, as of the newest checkpoint."""
     finished: bool = False
     last_stop: StopOutcome | None = None
+    failed_batches: tuple[BatchProgress, ...] = ()
+    """Batches after the last completed one that failed, or that a stop cancelled."""
 
     @property
     def backlog(self) -> int:
@@ -54,6 +57,7 @@ class PipelineStatus:
     def to_json(self) -> dict[str, Any]:
         payload = dataclasses.asdict(self)
         payload["last_batch"] = self.last_batch.to_json() if self.last_batch is not None else None
+        payload["failed_batches"] = [r.to_json() for r in self.failed_batches]
         payload["backlog"] = self.backlog
         return payload
 
@@ -68,7 +72,7 @@ class PipelineStatus:
             lines.append(f"  {role}: {lease.holder} (pid {lease.pid} on {lease.host}, token {lease.token}){since}{age}")
         batch = self.last_batch
         if batch is not None:
-            lines.append(f"  last batch: {batch.batch_time_iso} {batch.status}, {batch.records} records, "
+            lines.append(f"  last completed batch: {batch.batch_time_iso}, {batch.records} records, "
                          f"{batch.dead_letters} dead letters, scheduling delay {batch.scheduling_delay_ms} ms, "
                          f"processing {batch.processing_ms} ms, total delay {batch.total_delay_ms} ms"
                          + (f", {batch.attempts} attempts" if batch.attempts > 1 else ""))
@@ -87,6 +91,8 @@ class PipelineStatus:
                 lines.append(f"  error: {error}")
         elif self.state != EMPTY:
             lines.append("  no batch has completed yet")
+        for failed in self.failed_batches:
+            lines.append(f"  batch {failed.batch_time_iso} {failed.status}: {'; '.join(failed.errors) or 'no cause'}")
         if self.checkpoint_time is not None:
             lines.append(f"  newest checkpoint: batch {format_batch_time(self.checkpoint_time)}")
         for name, after in sorted(self.finished_inputs.items()):
@@ -103,7 +109,7 @@ def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
     now = clock.now_ms()
     checkpoint, _ = load_latest_checkpoint(storage)
     records = read_progress(storage)
-    last = records[-1] if records else None
+    last = next((r for r in reversed(records) if r.status == COMPLETED), None)
     finished_inputs = {name: int(t) for name, t in
                        (checkpoint.extra.get("finished", {}).get("inputs", {}) if checkpoint else {}).items()}
     finished = bool(checkpoint is not None and checkpoint.extra.get("final"))
@@ -118,5 +124,6 @@ def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
     else:
         state = STOPPED
     age = now - lease.renewed_at_ms if lease is not None and lease.renewed_at_ms is not None else None
+    after = tuple(r for r in records if r.status != COMPLETED and (last is None or r.batch_time > last.batch_time))
     return PipelineStatus(storage.url, state, lease, age, last, checkpoint.time if checkpoint else None,
-                          finished_inputs, finished, read_stop_outcome(storage))
+                          finished_inputs, finished, read_stop_outcome(storage), after)

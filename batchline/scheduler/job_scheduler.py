@@ -182,7 +182,7 @@ class JobScheduler:
         job_set.processing_end_time = self._clock.now_ms()
         job_set.failure = str(error)
         job_set.move_to(BatchState.FAILED)
-        self._lifecycle.finished(job_set, attempts)
+        self._lifecycle.finished(job_set, attempts, cancelled=stopped)
         if stopped:
             logger.info("Batch %d was cancelled by the stop; it was not committed, so the next start runs it",
                         job_set.time)

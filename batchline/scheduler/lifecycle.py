@@ -26,6 +26,7 @@ from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job, JobSet
 from batchline.scheduler.listener import BatchInfo, ListenerBus
 from batchline.scheduler.progress import (
+    CANCELLED,
     COMPLETED,
     FAILED,
     BatchProgress,
@@ -48,8 +49,8 @@ DEFAULT_RECENT_PROGRESS = 100
 class PipelineFacts(Protocol):
     """What a progress record tells of the pipeline beyond the batch itself."""
 
-    def finished_inputs(self) -> set[str]:
-        """Names of the inputs that have ended."""
+    def finished_inputs(self) -> dict[str, int]:
+        """The inputs that have ended, with the batch after which each did."""
 
     def lease(self) -> tuple[str, int] | None:
         """The checkpoint lease's holder and fencing token (None without a checkpoint)."""
@@ -61,8 +62,8 @@ class PipelineFacts(Protocol):
 class NoFacts:
     """A pipeline with nothing more to tell (tests of the scheduler alone)."""
 
-    def finished_inputs(self) -> set[str]:
-        return set()
+    def finished_inputs(self) -> dict[str, int]:
+        return {}
 
     def lease(self) -> tuple[str, int] | None:
         return None
@@ -133,10 +134,10 @@ class BatchLifecycle:
         self._bus.post("on_batch_retrying", self._info(job_set, attempt))
         job_set.failure = None
 
-    def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0) -> None:
-        """The batch committed, or failed for good (``job_set.failure``)."""
+    def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0, cancelled: bool = False) -> None:
+        """The batch committed, failed for good (``job_set.failure``), or was cancelled by a stop."""
         info = self._info(job_set, attempts)
-        progress = self._progress(job_set, info, commit_ms)
+        progress = self._progress(job_set, info, commit_ms, cancelled)
         with self._lock:
             self._recent.append(progress)
         self._bus.post("on_batch_completed", info)
@@ -167,7 +168,7 @@ class BatchLifecycle:
             excluded_executors=self._excluded() if attempts else [],
         )
 
-    def _progress(self, job_set: JobSet, info: BatchInfo, commit_ms: int) -> BatchProgress:
+    def _progress(self, job_set: JobSet, info: BatchInfo, commit_ms: int, cancelled: bool) -> BatchProgress:
         with self._lock:
             trace = self._traces.pop(job_set.time, _Trace())
             checkpoint, self._checkpoint = self._checkpoint, None
@@ -176,7 +177,7 @@ class BatchLifecycle:
                 del self._traces[stale]
         processing_s = (info.processing_delay_ms or 0) / 1000
         interval_s = self._batch_interval_ms / 1000
-        nothing: set[str] = set()
+        nothing: dict[str, int] = {}
         finished = self._safely(self.facts.finished_inputs, nothing)
         inputs = tuple(
             InputProgress(
@@ -187,7 +188,8 @@ class BatchLifecycle:
                 input_rate=round((i.num_records or 0) / interval_s, 3),
                 processing_rate=round((i.num_records or 0) / processing_s, 3) if processing_s > 0 else 0.0,
                 position=dict(i.metadata),
-                finished=i.input_name in finished,
+                # As of this batch: batches generated before the one that took the last records were not.
+                finished=i.input_name in finished and job_set.time >= finished[i.input_name],
             )
             for i in sorted(info.input_infos.values(), key=lambda i: i.input_id)
         )
@@ -197,7 +199,7 @@ class BatchLifecycle:
         errors = [*trace.errors, *([job_set.failure] if job_set.failure else [])]
         return BatchProgress(
             batch_time=job_set.time,
-            status=FAILED if job_set.failure else COMPLETED,
+            status=CANCELLED if cancelled else FAILED if job_set.failure else COMPLETED,
             submission_time_ms=job_set.submission_time,
             processing_start_ms=job_set.processing_start_time,
             processing_end_ms=job_set.processing_end_time,

@@ -25,12 +25,15 @@ __all__ = [
     "JobTiming",
     "PhaseDurations",
     "StateOperatorProgress",
+    "CANCELLED",
     "COMPLETED",
     "FAILED",
 ]
 
 COMPLETED = "completed"
 FAILED = "failed"
+CANCELLED = "cancelled"
+"""Stopped by ``stop()`` before it committed; it runs again at the next start."""
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,8 @@ class InputProgress:
     position: dict[str, Any] = field(default_factory=dict)
     """What the batch took of the input (offsets, entry ids, files), as the input reports it."""
     finished: bool = False
-    """The input has ended (a bounded input read to its end)."""
+    """The input has ended (a bounded input read to its end) as of this batch: the batch took its last
+    records, or came after."""
 
 
 @dataclass(frozen=True)
@@ -132,7 +136,8 @@ class BatchProgress:
 
     batch_time: int
     status: str
-    """``completed``, or ``failed`` (the pipeline stops; the batch runs again at the next start)."""
+    """``completed``; ``failed`` (the pipeline stops; the batch runs again at the next start); or
+    ``cancelled`` by a stop before it committed (it runs again at the next start)."""
     submission_time_ms: int
     processing_start_ms: int | None
     processing_end_ms: int | None
