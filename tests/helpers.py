@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -123,3 +124,27 @@ def exit_with(main: Callable[[], int]) -> None:
         sys.stderr.flush()
         os._exit(1)  # non-daemon threads (Spark's, the pipeline's) must not keep a failed driver alive
     sys.exit(code)
+
+
+class LineServer:
+    """A TCP server on loopback that sends lines to whoever connects."""
+
+    def __init__(self):
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        self._conn = None
+        self._connected = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        self._conn, _ = self._listener.accept()
+        self._connected.set()
+
+    def send(self, lines):
+        assert self._connected.wait(30), "the receiver never connected"
+        self._conn.sendall("".join(f"{line}\n" for line in lines).encode())
+
+    def close(self):
+        if self._conn:
+            self._conn.close()
+        self._listener.close()

@@ -1,11 +1,13 @@
 """The command line as a newcomer meets it: the demo as a real process, and a clear word without Java."""
 
+import json
 import os
 import re
 import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -38,6 +40,14 @@ def test_demo_prints_batches_and_stops_gracefully_on_ctrl_c():
     reader.start()
     try:
         assert two_batches.wait(120), "no batch summaries from the demo:\n" + "\n".join(lines[-30:])
+        # The demo prints where its dashboard and metrics are, and both answer while it runs.
+        addresses = dict(line.split(": ", 1) for line in lines if line.startswith(("dashboard: ", "metrics:   ")))
+        dashboard, metrics = addresses["dashboard"].strip(), addresses["metrics"].strip()
+        assert dashboard.startswith("http://127.0.0.1:") and metrics.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(dashboard + "api/snapshot", timeout=10) as response:
+            assert json.load(response)["status"]["name"] == "batchline-demo"
+        with urllib.request.urlopen(metrics, timeout=10) as response:
+            assert "batchline_batches_total" in response.read().decode()
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0
     finally:

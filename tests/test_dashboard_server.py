@@ -47,7 +47,7 @@ def progress_records(count: int = 5) -> list[dict]:
             state_operators=(StateOperatorProgress("sessions", 100 + i, 0, 50, 40, 2, 1, 30, 1000 + i,
                                                    batch_time - 5000, state_bytes=64_000 + i),),
             durations=PhaseDurations(generation_ms=3, commit_ms=4, checkpoint_ms=20 if i == 2 else None),
-            checkpoint=CheckpointProgress(batch_time - INTERVAL, 20, 4096) if i == 2 else None,
+            checkpoints=(CheckpointProgress(batch_time - INTERVAL, 20, 4096),) if i == 2 else (),
             lease_holder="driver-1",
             lease_token=1,
             excluded_executors=(ExcludedExecutor("2", "worker-b", batch_time),) if i >= 3 else (),

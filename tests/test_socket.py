@@ -6,30 +6,7 @@ import time
 
 from batchline import StreamingContext
 from batchline.testing import BatchRecorder, CollectSink
-
-
-class LineServer:
-    """A TCP server on loopback that sends lines to whoever connects."""
-
-    def __init__(self):
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self._listener.getsockname()[1]
-        self._conn = None
-        self._connected = threading.Event()
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self):
-        self._conn, _ = self._listener.accept()
-        self._connected.set()
-
-    def send(self, lines):
-        assert self._connected.wait(30), "the receiver never connected"
-        self._conn.sendall("".join(f"{line}\n" for line in lines).encode())
-
-    def close(self):
-        if self._conn:
-            self._conn.close()
-        self._listener.close()
+from tests.helpers import LineServer
 
 
 def test_graceful_stop_processes_every_line_sent_before_it(spark):

@@ -28,7 +28,7 @@ from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock, SystemClock
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError, ContextStateError
-from batchline.observe.control import StopOutcome, StopRequest, StopWatcher
+from batchline.observe.control import StopHow, StopOutcome, StopRequest, StopWatcher
 from batchline.observe.observers import ObserveSettings, PipelineObservers
 from batchline.recovery import BatchCommit
 from batchline.scheduler.executors import ExecutorMonitor
@@ -49,6 +49,7 @@ from batchline.sources.redis_streams import DEFAULT_SPLIT_SIZE, RedisStreamSourc
 from batchline.sources.socket import ReceiverSource, SocketReceiver
 from batchline.sources.source import Source
 from batchline.sources.source_input import SourceInput
+from batchline.state.store import STATE_DIR
 from batchline.streams import PipelineRuntime, RuntimeEnv, StreamGraph, StreamRuntime
 
 __all__ = ["StreamingContext", "ContextState"]
@@ -59,6 +60,16 @@ DEFAULT_BLOCK_INTERVAL = "200ms"
 GRACEFUL_STOP_TIMEOUT_INTERVALS = 10
 _LISTENER_FLUSH_S = 5.0
 """How long a stop waits for listeners to handle the events of the last batches."""
+
+
+class _FromLaunch:
+    """A port left out: what ``batchline run`` set (``batchline.api.launch``), else off."""
+
+    def __repr__(self) -> str:
+        return "FROM_LAUNCH"
+
+
+FROM_LAUNCH = _FromLaunch()
 
 
 class ContextState(enum.Enum):
@@ -96,7 +107,8 @@ class StreamingContext:
     100) are also kept at the checkpoint location for ``batchline status``. ``metrics_port``
     serves Prometheus metrics at ``/metrics`` and ``dashboard_port`` a live dashboard (0: any
     free port; both off by default, both on 127.0.0.1 unless ``metrics_host`` /
-    ``dashboard_host`` say otherwise). ``name`` names the pipeline there (default: the Spark
+    ``dashboard_host`` say otherwise; under ``batchline run`` both default to on, and ``None``
+    turns them off). ``name`` names the pipeline there (default: the Spark
     application's name). With a checkpoint location, ``batchline stop LOCATION`` from any
     terminal stops the pipeline; it looks for the request every batch interval (at most 2 s).
     """
@@ -118,9 +130,9 @@ class StreamingContext:
         retry: RetryPolicy | None = None,
         max_batches_ahead: int | None = None,
         name: str | None = None,
-        metrics_port: int | None = None,
+        metrics_port: int | None | _FromLaunch = FROM_LAUNCH,
         metrics_host: str = "127.0.0.1",
-        dashboard_port: int | None = None,
+        dashboard_port: int | None | _FromLaunch = FROM_LAUNCH,
         dashboard_host: str = "127.0.0.1",
         progress_records: int = DEFAULT_RECENT_PROGRESS,
     ) -> None:
@@ -165,14 +177,18 @@ class StreamingContext:
         self.name: str = name or spark.sparkContext.appName or "batchline"
         launch = launch_defaults()
         self.observe_settings = ObserveSettings(
-            metrics_port if metrics_port is not None else launch.metrics_port, metrics_host,
-            dashboard_port if dashboard_port is not None else launch.dashboard_port, dashboard_host,
+            launch.metrics_port if isinstance(metrics_port, _FromLaunch) else metrics_port, metrics_host,
+            launch.dashboard_port if isinstance(dashboard_port, _FromLaunch) else dashboard_port, dashboard_host,
             progress_records)
         self._lifecycle = BatchLifecycle(self._listener_bus, self.clock, self.input_info, self.batch_interval_ms,
                                          keep_recent=progress_records)
         self._observers = PipelineObservers(self.name, self.observe_settings, self._listener_bus,
                                             self._dashboard_snapshot)
         self._stop_watcher: StopWatcher | None = None
+        self._stop_requests: list[StopRequest] = []
+        self._stopped_how: tuple[StopHow, list[int]] | None = None
+        """How the stop ended, once the requests it answered are answered."""
+        self._stop_requests_lock = threading.Lock()
         self._started_at_ms: int | None = None
 
     # ---------------------------------------------------------------- inputs
@@ -339,8 +355,7 @@ class StreamingContext:
 
     def _dashboard_snapshot(self) -> dict[str, Any]:
         last = self.last_progress
-        finished_inputs = sorted(n for s in (self.pipeline.inputs if self.pipeline else ())
-                                 if (n := s.name) and s.finished_after() is not None)
+        finished_inputs = sorted(_Facts(self).finished_inputs())
         lease = self._checkpoints.lease if self._checkpoints is not None else None
         status = {
             "name": self.name,
@@ -426,7 +441,6 @@ class StreamingContext:
         self._lifecycle.excluded_executors = ExecutorMonitor.of(self.spark, self.clock).excluded
         if self._checkpoints is not None:
             self._checkpoints.on_checkpoint_written = self._lifecycle.checkpoint_written
-        self._observers.start(self._checkpoints.storage if self._checkpoints is not None else None)
 
         def commit_batch(batch_time: int) -> None:
             commit.commit(batch_time)
@@ -443,18 +457,24 @@ class StreamingContext:
             self._scheduler.report_error, self._checkpoints,
         )
         try:
+            # The records an earlier run left at the location come first, on the dashboard too.
+            self._lifecycle.seed(self._observers.start(self._checkpoints.storage if self._checkpoints else None))
             generator.start(checkpoint)
+            self.pipeline.start_inputs()
+            if self._checkpoints is not None:
+                lease = self._checkpoints.lease
+                self._stop_watcher = StopWatcher(self._checkpoints.storage, self.clock, lambda: lease.token,
+                                                 self.batch_interval_ms, self._stop_requested)
+                self._stop_watcher.start()
         except BaseException:
             generator.stop(process_received_data=False)
             self._scheduler.shutdown(graceful=False)
+            self.pipeline.stop_inputs(graceful=False)
+            if self._stop_watcher is not None:
+                self._stop_watcher.close()
             self._observers.stop()
+            self._listener_bus.close()
             raise
-        self.pipeline.start_inputs()
-        if self._checkpoints is not None:
-            lease = self._checkpoints.lease
-            self._stop_watcher = StopWatcher(self._checkpoints.storage, self.clock, lambda: lease.token,
-                                             self.batch_interval_ms, self._stop_requested)
-            self._stop_watcher.start()
         finished = self.pipeline.finished_after()
         if finished is not None:  # finished before a crash, without its final checkpoint
             self._pipeline_finished(finished)
@@ -543,8 +563,7 @@ class StreamingContext:
         """
         self._stop(graceful, stop_spark_session)
 
-    def _stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False,
-              request: StopRequest | None = None) -> None:
+    def _stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False) -> None:
         with self._state_lock:
             if self._state is ContextState.STOPPED:
                 return
@@ -556,38 +575,63 @@ class StreamingContext:
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
         if self.pipeline is None or self._generator is None or self._scheduler is None:
             raise ContextStateError("the context is active but was never fully started; this is a bug in batchline")
-        holder = self._checkpoints.lease.holder if self._checkpoints is not None else ""
-        unfinished: list[int] = []
+        how, unfinished = StopHow.FAILED, []
         try:
-            if self._stop_watcher is not None:
-                self._stop_watcher.close()
             self.pipeline.stop_inputs(graceful)
-            self._generator.stop(process_received_data=graceful)
+            drained = self._generator.stop(process_received_data=graceful)
             unfinished = self._scheduler.shutdown(graceful)
             if final:
                 self._write_final_checkpoint()
             self.pipeline.close_outputs()
-            if self._checkpoints is not None:
-                self._checkpoints.close()
+            how = (StopHow.FAILED if self._error is not None else StopHow.FINISHED if final
+                   else StopHow.IMMEDIATE if not graceful
+                   else StopHow.GRACEFUL if drained and not unfinished else StopHow.GRACEFUL_TIMED_OUT)
         finally:
-            if self._adaptive is not None:
-                self._adaptive.restore()
-            self._listener_bus.flush(_LISTENER_FLUSH_S)  # what listeners were told before the stop
-            self._observers.stop()
-            if request is not None and self._stop_watcher is not None:
-                how = "immediate" if not graceful else "graceful, timed out" if unfinished else "graceful"
-                self._stop_watcher.report(StopOutcome(request.request_id, holder, how, self.clock.now_ms(),
-                                                      self._commit.last_committed if self._commit else None,
-                                                      unfinished))
-            self._terminated.set()
-            if stop_spark_session:
-                self.spark.stop()
+            # Listeners (the progress kept at the location among them) and whoever asked for the
+            # stop hear of it while this driver still holds the lease.
+            self._listener_bus.flush(_LISTENER_FLUSH_S)
+            self._answer_stop_requests(how, unfinished)
+            try:
+                if self._checkpoints is not None:
+                    self._checkpoints.close()
+            finally:
+                if self._adaptive is not None:
+                    self._adaptive.restore()
+                self._observers.stop()
+                self._listener_bus.close()
+                self._terminated.set()
+                if stop_spark_session:
+                    self.spark.stop()
         logger.info("StreamingContext stopped")
 
     def _stop_requested(self, request: StopRequest) -> None:
-        """``batchline stop`` asked this driver to stop (from the stop watcher's thread)."""
-        threading.Thread(target=self._stop, kwargs={"graceful": not request.immediate, "request": request},
+        """``batchline stop`` asked this driver to stop (from the stop watcher's thread). Whichever
+        stop runs (this one, or one already under way) answers it."""
+        with self._stop_requests_lock:
+            answered = self._stopped_how
+            if answered is None:
+                self._stop_requests.append(request)
+        if answered is not None:
+            self._report_stop(request, *answered)
+            return
+        threading.Thread(target=self._stop, kwargs={"graceful": not request.immediate},
                          name="batchline-stop-request", daemon=True).start()
+
+    def _answer_stop_requests(self, how: StopHow, unfinished: list[int]) -> None:
+        with self._stop_requests_lock:
+            self._stopped_how = (how, unfinished)
+            requests, self._stop_requests = self._stop_requests, []
+        for request in requests:
+            self._report_stop(request, how, unfinished)
+        if self._stop_watcher is not None:
+            self._stop_watcher.close()
+
+    def _report_stop(self, request: StopRequest, how: StopHow, unfinished: list[int]) -> None:
+        if self._stop_watcher is None or self._checkpoints is None:
+            return
+        self._stop_watcher.report(StopOutcome(
+            request.request_id, self._checkpoints.lease.holder, how.value, self.clock.now_ms(),
+            self._commit.last_committed if self._commit is not None else None, unfinished))
 
     def _write_final_checkpoint(self) -> None:
         if self._checkpoints is None or self._commit is None:
@@ -618,15 +662,25 @@ class _Facts:
         pipeline = self._context.pipeline
         return {s.name: t for s in pipeline.inputs if (t := s.finished_after()) is not None} if pipeline else {}
 
+    def upstream_inputs(self, operator: str) -> tuple[str, ...]:
+        pipeline = self._context.pipeline
+        if pipeline is None:
+            return ()
+        for runtime in pipeline.runtimes:
+            if runtime.node.checkpoint_claim() == (STATE_DIR, operator):
+                ancestors = runtime.node.ancestors()
+                return tuple(s.name for s in pipeline.inputs if s.node.node_id in ancestors)
+        return ()
+
     def lease(self) -> tuple[str, int] | None:
         checkpoints = self._context.checkpoint_manager
         if checkpoints is None or checkpoints.lease.token is None:
             return None
         return checkpoints.lease.holder, checkpoints.lease.token
 
-    def backlog(self) -> int:
+    def backlog_after(self, batch_time: int) -> int:
         generator = self._context.job_generator
-        return generator.backlog() if generator is not None else 0
+        return generator.due_after(batch_time) if generator is not None else 0
 
 
 def _max_batches_ahead(value: object, concurrent_jobs: int) -> int:

@@ -28,7 +28,8 @@ class LaunchDefaults:
 
 
 _defaults = LaunchDefaults()
-_shipped: dict[int, set[str]] = {}
+_shipped: dict[str, set[str]] = {}
+"""Files added, by Spark application id (a new SparkContext may reuse a stopped one's ``id()``)."""
 _lock = threading.Lock()
 
 
@@ -46,7 +47,7 @@ def ship_py_files(spark: SparkSession) -> None:
     context = spark.sparkContext
     for path in _defaults.py_files:
         with _lock:
-            shipped = _shipped.setdefault(id(context), set())
+            shipped = _shipped.setdefault(context.applicationId, set())
             if path in shipped:
                 continue
             shipped.add(path)

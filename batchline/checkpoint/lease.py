@@ -9,12 +9,14 @@ can be taken over at once.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
 import threading
 import uuid
 from dataclasses import asdict, dataclass
+from typing import Any
 
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
@@ -53,16 +55,23 @@ class LeaseRecord:
         """The holder gave the lease up when it stopped (it expires at 0)."""
         return self.expires_at_ms == 0
 
+    def is_live(self, now_ms: int) -> bool:
+        """A driver holds the location: the lease is neither released nor expired, and its holder
+        is not known to be dead."""
+        return not self.released and self.expires_at_ms > now_ms and not holder_is_gone(self)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> LeaseRecord:
+        """Fields a later release may add are ignored, so that a live lease never reads as unreadable."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in payload.items() if k in names})
+
     def describe(self) -> str:
         return f"{self.holder} (pid {self.pid} on {self.host}, token {self.token})"
 
 
 def holder_is_gone(record: LeaseRecord) -> bool:
     """The holder's process is known to be dead: it ran on this host and is no more."""
-    return _process_is_gone(record)
-
-
-def _process_is_gone(record: LeaseRecord) -> bool:
     if record.host != socket.gethostname():
         return False
     try:
@@ -94,7 +103,7 @@ class Lease:
         if not self._storage.exists(LEASE_FILE):
             return None
         try:
-            return LeaseRecord(**unseal(self._storage.read(LEASE_FILE), LEASE_FILE))
+            return LeaseRecord.from_json(unseal(self._storage.read(LEASE_FILE), LEASE_FILE))
         except (CorruptFileError, TypeError):
             logger.warning("The lease file in %s is unreadable; treating the location as free", self._storage.url)
             return None
@@ -105,7 +114,7 @@ class Lease:
         now = self._clock.now_ms()
         if current is not None and current.holder != self.holder:
             expired = current.expires_at_ms <= now
-            if not expired and not _process_is_gone(current):
+            if not expired and not holder_is_gone(current):
                 raise CheckpointLockedError(
                     f"checkpoint location {self._storage.url} is held by driver {current.describe()} "
                     f"until {format_batch_time(current.expires_at_ms)}; stop that driver, or wait for "
@@ -186,7 +195,8 @@ class Lease:
 def check_token(storage: CheckpointStorage, token: int, what: str) -> None:
     """Raise FencedError unless the location's lease still carries ``token``: what a task checks
     before it records work done for its driver (a driver taken over must not record any)."""
-    current = LeaseRecord(**unseal(storage.read(LEASE_FILE), LEASE_FILE)) if storage.exists(LEASE_FILE) else None
+    exists = storage.exists(LEASE_FILE)
+    current = LeaseRecord.from_json(unseal(storage.read(LEASE_FILE), LEASE_FILE)) if exists else None
     if current is None or current.token != token:
         raise FencedError(
             f"{what}: the driver with lease token {token} lost its lease on {storage.url} (now "

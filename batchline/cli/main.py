@@ -7,6 +7,7 @@ import argparse
 import logging
 import runpy
 import signal
+import socket
 import sys
 import tempfile
 import threading
@@ -20,7 +21,7 @@ from batchline.cli.checkpoints import add_checkpoint_commands
 from batchline.cli.demo import build_demo
 from batchline.cli.operate import add_operate_commands
 from batchline.cli.progress import BatchSummaryPrinter
-from batchline.cli.ship import package_folder, port_or_any
+from batchline.cli.ship import package_folder
 from batchline.cli.state import add_state_commands
 from batchline.errors import BatchlineError
 from batchline.spark import check_java, local_spark_session
@@ -86,6 +87,18 @@ def _demo(args: argparse.Namespace) -> int:
     _await(ssc, args.duration)
     print("Stopped gracefully." if ssc.state.value == "stopped" else "Stopped.", flush=True)
     return 0
+
+
+def port_or_any(port: int) -> int:
+    """``port`` when it is free on 127.0.0.1, else 0 (any free port): the demo's and ``run``'s
+    default ports must not stop a second pipeline on the same machine."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            logger.warning("Port %d is taken; using any free port instead", port)
+            return 0
+    return port
 
 
 def _observe_ports(args: argparse.Namespace) -> tuple[int | None, int | None]:

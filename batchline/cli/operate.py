@@ -11,7 +11,14 @@ from batchline.batch_time import format_batch_time
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.cli.checkpoints import storage_options
 from batchline.clock import SystemClock
-from batchline.observe.control import NotRunningError, StopOutcome, read_stop_outcome, request_stop, running_holder
+from batchline.observe.control import (
+    NotRunningError,
+    StopHow,
+    StopOutcome,
+    read_stop_outcome,
+    request_stop,
+    running_holder,
+)
 from batchline.observe.status import read_status
 
 __all__ = ["add_operate_commands"]
@@ -36,14 +43,20 @@ def _status(args: argparse.Namespace) -> int:
 
 def _describe_outcome(outcome: StopOutcome) -> str:
     last = f"; last committed batch {format_batch_time(outcome.last_committed)}" if outcome.last_committed else ""
-    if outcome.how == "graceful":
-        return f"Stopped gracefully: every received record was processed and every generated batch committed{last}."
-    if outcome.how == "immediate":
-        return (f"Stopped immediately: running batches were cancelled{last}. They were not committed, so the "
-                "next start runs them again; nothing is committed twice.")
-    unfinished = ", ".join(format_batch_time(t) for t in outcome.unfinished)
-    return (f"Stopped, but the graceful stop timed out with batches not finished ({unfinished}){last}. They were "
-            "not committed; the next start runs them.")
+    unfinished = ", ".join(format_batch_time(t) for t in outcome.unfinished) or "none"
+    return {
+        StopHow.GRACEFUL.value:
+            f"Stopped gracefully: every received record was processed and every generated batch committed{last}.",
+        StopHow.IMMEDIATE.value:
+            f"Stopped immediately: running batches were cancelled{last}. They were not committed, so the next start "
+            "runs them again; nothing is committed twice.",
+        StopHow.GRACEFUL_TIMED_OUT.value:
+            f"Stopped, but the graceful stop timed out (batches not finished: {unfinished}){last}. What was not "
+            "committed runs at the next start; a larger graceful_stop_timeout lets a stop wait longer.",
+        StopHow.FINISHED.value:
+            f"The pipeline had finished on its own: every input ended and the final checkpoint is written{last}.",
+    }.get(outcome.how, f"The pipeline stopped after a failure{last}; its log says why, and `batchline status` shows "
+                       "the batch that failed. Fix the cause and start it again: what was not committed runs again.")
 
 
 def _stop(args: argparse.Namespace) -> int:
@@ -68,8 +81,10 @@ def _stop(args: argparse.Namespace) -> int:
             if outcome is not None and outcome.request_id == request.request_id:
                 print(_describe_outcome(outcome))
                 return 0
-            print(f"The driver {holder.holder} is gone without saying how it stopped (it may have been killed). "
-                  f"`batchline status {args.location}` shows its last batch; the next start resumes from there.")
+            status = read_status(storage, clock)
+            print(f"The driver {holder.holder} stopped without answering the request (it was stopped another way, "
+                  f"or killed); the location is {status.state}. `batchline status {args.location}` shows its last "
+                  "batch; the next start resumes from there.")
             return 1
         time.sleep(_POLL_S)
     print(f"batchline: the pipeline at {args.location} did not stop within {args.timeout:g} s. It looks for the "

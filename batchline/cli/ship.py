@@ -4,18 +4,19 @@ executors' Python workers too (not only by the driver)."""
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
-import socket
+import shutil
 import tempfile
 import zipfile
 from pathlib import Path
 
-__all__ = ["package_folder", "port_or_any"]
+__all__ = ["package_folder"]
 
 logger = logging.getLogger(__name__)
 
-_SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages", "build", "dist"}
+_SKIPPED_DIRS = {"__pycache__", "node_modules", "site-packages"}
 MAX_SHIPPED_BYTES = 50 * 1024 * 1024
 
 
@@ -25,8 +26,11 @@ def _skipped(directory: Path) -> bool:
 
 
 def package_folder(folder: Path) -> str:
-    """A zip of the ``.py`` files under ``folder`` (paths relative to it), in a temporary directory."""
-    archive = Path(tempfile.mkdtemp(prefix="batchline-run-")) / f"{folder.name or 'pipeline'}.zip"
+    """A zip of the ``.py`` files under ``folder`` (paths relative to it), in a temporary
+    directory removed when the process exits."""
+    directory = tempfile.mkdtemp(prefix="batchline-run-")
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    archive = Path(directory) / f"{folder.name or 'pipeline'}.zip"
     total = 0
     count = 0
     with zipfile.ZipFile(archive, "w", zipfile.ZIP_DEFLATED) as zipped:
@@ -45,15 +49,3 @@ def package_folder(folder: Path) -> str:
                 count += 1
     logger.info("Packaged %d modules of %s for the executors", count, folder)
     return str(archive)
-
-
-def port_or_any(port: int) -> int:
-    """``port`` when it is free on 127.0.0.1, else 0 (any free port): the demo's and ``run``'s
-    default ports must not stop a second pipeline on the same machine."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            logger.warning("Port %d is taken; using any free port instead", port)
-            return 0
-    return port

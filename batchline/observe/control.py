@@ -9,6 +9,7 @@ that took over. Nothing here relies on listing: both files have fixed names.
 
 from __future__ import annotations
 
+import enum
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from batchline.checkpoint.lease import Lease, LeaseRecord, holder_is_gone
+from batchline.checkpoint.lease import Lease, LeaseRecord
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
 from batchline.clock import Clock
 from batchline.errors import BatchlineError
@@ -26,6 +27,7 @@ __all__ = [
     "STOP_REQUEST_FILE",
     "STOP_OUTCOME_FILE",
     "NotRunningError",
+    "StopHow",
     "StopOutcome",
     "StopRequest",
     "StopWatcher",
@@ -56,14 +58,25 @@ class StopRequest:
     """host:pid of the process that asked."""
 
 
+class StopHow(enum.Enum):
+    GRACEFUL = "graceful"
+    """Every received record was processed and every generated batch committed."""
+    GRACEFUL_TIMED_OUT = "graceful, timed out"
+    """The graceful-stop timeout cut it short: what was not committed runs at the next start."""
+    IMMEDIATE = "immediate"
+    """Running batches were cancelled; they run again at the next start."""
+    FINISHED = "finished"
+    """Every input had ended: the pipeline finished and wrote its final checkpoint."""
+    FAILED = "failed"
+    """A batch failed for good, or the stop itself failed: see the driver's log."""
+
+
 @dataclass(frozen=True)
 class StopOutcome:
     request_id: str
     holder: str
     how: str
-    """``graceful``: every received record was processed and every generated batch committed;
-    ``graceful, timed out``: the graceful-stop timeout cut it short (``unfinished`` batches
-    run at the next start); ``immediate``: running batches were cancelled."""
+    """A ``StopHow`` value."""
     stopped_at_ms: int
     last_committed: int | None
     unfinished: list[int] = field(default_factory=list)
@@ -73,9 +86,7 @@ def running_holder(storage: CheckpointStorage, clock: Clock) -> LeaseRecord | No
     """The lease of the driver running at the location, or None when nobody runs there (no
     lease, released, expired, or its process is known to be dead)."""
     record = Lease(storage, clock).read()
-    if record is None or record.released or record.expires_at_ms <= clock.now_ms() or holder_is_gone(record):
-        return None
-    return record
+    return record if record is not None and record.is_live(clock.now_ms()) else None
 
 
 def request_stop(storage: CheckpointStorage, clock: Clock, immediate: bool) -> tuple[StopRequest, LeaseRecord]:
@@ -110,8 +121,9 @@ def _read_request(storage: CheckpointStorage) -> StopRequest | None:
 
 
 class StopWatcher:
-    """The driver's side: polls for a stop request meant for its lease token and hands it to
-    ``on_request`` once; ``report`` writes how the stop ended for the process that asked."""
+    """The driver's side: polls for stop requests meant for its lease token and hands each to
+    ``on_request`` once, until closed; ``report`` writes how the stop ended for the process that
+    asked."""
 
     def __init__(self, storage: CheckpointStorage, clock: Clock, token: Callable[[], int | None], poll_ms: int,
                  on_request: Callable[[StopRequest], None]) -> None:
@@ -122,7 +134,7 @@ class StopWatcher:
         self._on_request = on_request
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._run, name="batchline-stop-watcher", daemon=True)
-        self.request: StopRequest | None = None
+        self._handled: set[str] = set()
 
     def start(self) -> None:
         self._thread.start()
@@ -133,12 +145,12 @@ class StopWatcher:
             self._thread.join(timeout=5)
 
     def poll_once(self) -> StopRequest | None:
-        """Look for a request meant for this driver; hand it on and return it when one is there."""
+        """Look for a request meant for this driver; hand it on (once) and return it when one is there."""
         request = _read_request(self._storage)
         token = self._token()
-        if request is None or token is None or request.token != token or self.request is not None:
+        if request is None or token is None or request.token != token or request.request_id in self._handled:
             return None
-        self.request = request
+        self._handled.add(request.request_id)
         logger.warning("%s asked this pipeline to stop %s (request %s); stopping", request.requested_by,
                        "immediately" if request.immediate else "gracefully", request.request_id)
         self._on_request(request)
@@ -148,7 +160,8 @@ class StopWatcher:
         try:
             self._storage.replace(STOP_OUTCOME_FILE, seal(asdict(outcome)))
         except OSError as error:
-            logger.warning("Could not tell the stop's requester how the pipeline stopped (%s)", error)
+            logger.warning("Could not tell the stop's requester how the pipeline stopped (%s); it sees the lease "
+                           "released, and `batchline status` shows the last batch", error)
 
     def _run(self) -> None:
         next_poll = self._clock.now_ms() + self._poll_ms
@@ -157,8 +170,7 @@ class StopWatcher:
                 return
             next_poll = self._clock.now_ms() + self._poll_ms
             try:
-                if self.poll_once() is not None:
-                    return
+                self.poll_once()  # and on: a second request during the stop is answered too
             except OSError as error:
                 logger.warning("Could not look for a stop request at %s (%s); looking again",
                                self._storage.full_url(STOP_REQUEST_FILE), error)

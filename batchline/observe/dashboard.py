@@ -25,6 +25,8 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
+from batchline.observe.addresses import http_url
+
 __all__ = ["DashboardServer"]
 
 logger = logging.getLogger(__name__)
@@ -193,7 +195,7 @@ class DashboardServer:
             self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                             name="batchline-dashboard", daemon=True)
             self._thread.start()
-        logger.info("dashboard at %s", self.url)
+        logger.info("Dashboard at %s", self.url)
 
     def stop(self) -> None:
         """Stops serving and closes the socket; calling it again (or before ``start()``) does nothing."""
@@ -227,8 +229,7 @@ class DashboardServer:
 
     @property
     def url(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/"
+        return http_url(self.host, self.port)
 
     def host_allowed(self, header: str | None) -> bool:
         """Whether a request's ``Host`` header may reach a server bound to ``host``: any, unless

@@ -13,8 +13,8 @@ What a record feeds:
 - the data, from completed batches only (a failed batch runs again at the next start, and its
   records would be counted twice): records, dead letters and late records per input, input and
   processing rates per input, and what each stateful operator did and holds;
-- a checkpoint, when the record carries one (checkpoints are written on a thread of their own,
-  and each is reported by exactly one record).
+- the checkpoints the record carries (written on a thread of their own, each in the next record
+  after it was written).
 
 Progress durations are in milliseconds and times in epoch milliseconds; metrics are in seconds.
 """
@@ -27,6 +27,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
 
+from batchline.observe.addresses import http_url
 from batchline.scheduler.progress import COMPLETED, BatchProgress
 
 __all__ = ["DURATION_BUCKETS", "PipelineMetrics"]
@@ -148,10 +149,10 @@ class PipelineMetrics:
             self._observe_batch(progress)
             if progress.status == COMPLETED:
                 self._observe_data(progress)
-            if progress.checkpoint is not None:
+            for checkpoint in progress.checkpoints:
                 self.checkpoints.inc()
-                self.checkpoint_duration.observe(_seconds(progress.checkpoint.duration_ms))
-                self.checkpoint_bytes.set(progress.checkpoint.bytes)
+                self.checkpoint_duration.observe(_seconds(checkpoint.duration_ms))
+                self.checkpoint_bytes.set(checkpoint.bytes)
 
     def _observe_batch(self, progress: BatchProgress) -> None:
         self.batches.labels(progress.status).inc()
@@ -237,10 +238,4 @@ class PipelineMetrics:
         host, port = self._host, self._port
         if host is None or port is None:
             return None
-        if host in ("", "0.0.0.0"):
-            host = "127.0.0.1"
-        elif host == "::":
-            host = "[::1]"
-        elif ":" in host:
-            host = f"[{host}]"
-        return f"http://{host}:{port}/metrics"
+        return http_url(host, port, "/metrics")

@@ -4,7 +4,6 @@ Each is a listener of the batches' progress records, so a slow exporter never de
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,8 +18,6 @@ from batchline.scheduler.listener import ListenerBus, StreamingListener
 from batchline.scheduler.progress import BatchProgress
 
 __all__ = ["ObserveSettings", "PipelineObservers"]
-
-logger = logging.getLogger(__name__)
 
 LOCALHOST = "127.0.0.1"
 
@@ -84,12 +81,10 @@ class PipelineObservers:
             self.metrics = PipelineMetrics(self._name)
             self.metrics.start_server(self._settings.metrics_port, self._settings.metrics_host)
             self._bus.add(_MetricsFeed(self.metrics))
-            logger.info("Prometheus metrics at %s", self.metrics.url)
         if self._settings.dashboard_port is not None:
             self.dashboard = DashboardServer(self._snapshot, self._settings.dashboard_host,
                                              self._settings.dashboard_port)
             self.dashboard.start()
-            logger.info("Dashboard at %s", self.dashboard.url)
         return earlier
 
     def stop(self) -> None:

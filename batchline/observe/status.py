@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from batchline.batch_time import format_batch_time
-from batchline.checkpoint.lease import Lease, LeaseRecord, holder_is_gone
+from batchline.checkpoint.lease import Lease, LeaseRecord
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.clock import Clock
@@ -22,11 +22,11 @@ from batchline.observe.control import StopOutcome, read_stop_outcome
 from batchline.observe.progress_log import read_progress
 from batchline.scheduler.progress import COMPLETED, BatchProgress
 
-__all__ = ["PipelineStatus", "read_status", "RUNNING", "STOPPED", "FINISHED", "EMPTY", "DIED"]
+__all__ = ["PipelineStatus", "read_status", "RUNNING", "STOPPED", "FINISHED", "EMPTY", "ABANDONED"]
 
 RUNNING = "running"
 STOPPED = "stopped"
-DIED = "stopped without releasing its lease"
+ABANDONED = "abandoned"
 FINISHED = "finished"
 EMPTY = "empty"
 
@@ -36,7 +36,7 @@ class PipelineStatus:
     location: str
     state: str
     """``running``, ``stopped``, ``finished``, ``empty`` (nothing was ever run there), or
-    ``stopped without releasing its lease`` (the driver died; the next start takes over)."""
+    ``abandoned`` (the driver died without releasing its lease; the next start takes over)."""
     lease: LeaseRecord | None
     lease_age_ms: int | None
     """Since the holder last renewed the lease."""
@@ -63,13 +63,15 @@ class PipelineStatus:
 
     def describe(self) -> str:
         """The status for people, a fact per line."""
-        lines = [f"{self.location}: {self.state}"]
+        explained = {ABANDONED: "abandoned: its driver died without releasing the lease; the next start takes "
+                                "over and re-runs what was not committed"}
+        lines = [f"{self.location}: {explained.get(self.state, self.state)}"]
         lease = self.lease
         if lease is not None:
             since = f" since {format_batch_time(lease.acquired_at_ms)}" if lease.acquired_at_ms else ""
             age = f", lease renewed {self.lease_age_ms / 1000:.1f} s ago" if self.lease_age_ms is not None else ""
             role = "holder" if self.state == RUNNING else "last holder"
-            lines.append(f"  {role}: {lease.holder} (pid {lease.pid} on {lease.host}, token {lease.token}){since}{age}")
+            lines.append(f"  {role}: {lease.describe()}{since}{age}")
         batch = self.last_batch
         if batch is not None:
             lines.append(f"  last completed batch: {batch.batch_time_iso}, {batch.records} records, "
@@ -113,14 +115,14 @@ def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
     finished_inputs = {name: int(t) for name, t in
                        (checkpoint.extra.get("finished", {}).get("inputs", {}) if checkpoint else {}).items()}
     finished = bool(checkpoint is not None and checkpoint.extra.get("final"))
-    if lease is not None and not lease.released and lease.expires_at_ms > now and not holder_is_gone(lease):
+    if lease is not None and lease.is_live(now):
         state = RUNNING
     elif finished:
         state = FINISHED
     elif lease is None and checkpoint is None and last is None:
         state = EMPTY
     elif lease is not None and not lease.released:
-        state = DIED
+        state = ABANDONED
     else:
         state = STOPPED
     age = now - lease.renewed_at_ms if lease is not None and lease.renewed_at_ms is not None else None

@@ -30,7 +30,7 @@ class Job:
     name: str
     """The input's, operator's or output's name."""
     run: Callable[[], None]
-    kind: JobKind = JobKind.OUTPUT
+    kind: JobKind
 
     def describe(self) -> str:
         """What the job is, for people: "operator 'sessions'", "input 'files'", "output 'out'"."""

@@ -155,9 +155,12 @@ class JobGenerator:
         self.start_time = restart_time
         logger.info("Restarted JobGenerator at %d ms", restart_time)
 
-    def stop(self, process_received_data: bool) -> None:
+    def stop(self, process_received_data: bool) -> bool:
+        """Stop generating; gracefully, first let every received block into a batch and wait for
+        the generated batches. False when a graceful stop's timeout cut that short."""
         if not self._event_loop.is_active:
-            return
+            return True
+        drained = True
         if process_received_data:
             logger.info("Stopping JobGenerator gracefully")
             stop_started = self._clock.now_ms()
@@ -170,6 +173,7 @@ class JobGenerator:
             while not timed_out() and self._receiver_tracker.has_unallocated_blocks():
                 self._clock.sleep_ms(STOP_POLL_MS)
             if timed_out():
+                drained = False
                 logger.warning("Timed out while stopping the job generator (timeout = %d)", timeout_ms)
             logger.info("Waited for all received blocks to be consumed for job generation")
 
@@ -179,6 +183,7 @@ class JobGenerator:
             while not timed_out() and not self._all_processed_up_to(stop_time):
                 self._clock.sleep_ms(STOP_POLL_MS)
             if not self._all_processed_up_to(stop_time):
+                drained = False
                 logger.warning(
                     "Timed out while waiting for jobs to be processed (timeout = %d); unprocessed batches: %s",
                     timeout_ms, sorted(self._unprocessed),
@@ -192,10 +197,13 @@ class JobGenerator:
             logger.info("%d due batches were not generated (%s to %s ms); nothing of them was logged, so the next "
                         "start runs them as missed batches", len(self._queued), self._queued[0], self._queued[-1])
         logger.info("Stopped JobGenerator")
+        return drained
 
-    def backlog(self) -> int:
-        """Batches due and not yet committed: generated and in flight, or waiting their turn."""
-        return len(self._queued) + len(self._in_flight)  # sizes only: safe to read from other threads
+    def due_after(self, time: int) -> int:
+        """Batches due (their timer fired) after batch ``time`` and not yet processed: the backlog
+        behind it."""
+        with self._lock:
+            return sum(1 for t in self._unprocessed if t > time)
 
     def _all_processed_up_to(self, stop_time: int) -> bool:
         with self._lock:

@@ -152,7 +152,8 @@ class JobScheduler:
                 job.run()
             except BaseException as cause:
                 return job, cause
-            self._lifecycle.job_finished(job_set, job, started, self._clock.now_ms())
+            finally:
+                self._lifecycle.job_finished(job_set, job, started, self._clock.now_ms())
         return None
 
     def _after_failure(self, job_set: JobSet, job: Job, cause: BaseException, attempt: int) -> _Verdict:

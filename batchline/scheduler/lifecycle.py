@@ -14,6 +14,7 @@ to listeners is asynchronous (``ListenerBus``).
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from collections import deque
@@ -35,6 +36,7 @@ from batchline.scheduler.progress import (
     InputProgress,
     JobTiming,
     PhaseDurations,
+    StateOperatorProgress,
 )
 
 __all__ = ["BatchLifecycle", "PipelineFacts", "DEFAULT_RECENT_PROGRESS"]
@@ -52,11 +54,14 @@ class PipelineFacts(Protocol):
     def finished_inputs(self) -> dict[str, int]:
         """The inputs that have ended, with the batch after which each did."""
 
+    def upstream_inputs(self, operator: str) -> tuple[str, ...]:
+        """The inputs a stateful operator reads from, by name."""
+
     def lease(self) -> tuple[str, int] | None:
         """The checkpoint lease's holder and fencing token (None without a checkpoint)."""
 
-    def backlog(self) -> int:
-        """Batches due and not yet committed, the batch being reported included."""
+    def backlog_after(self, batch_time: int) -> int:
+        """Batches due after ``batch_time`` and not yet finished."""
 
 
 class NoFacts:
@@ -65,10 +70,13 @@ class NoFacts:
     def finished_inputs(self) -> dict[str, int]:
         return {}
 
+    def upstream_inputs(self, operator: str) -> tuple[str, ...]:
+        return ()
+
     def lease(self) -> tuple[str, int] | None:
         return None
 
-    def backlog(self) -> int:
+    def backlog_after(self, batch_time: int) -> int:
         return 0
 
 
@@ -96,8 +104,8 @@ class BatchLifecycle:
         self._lock = threading.Lock()
         self._traces: dict[int, _Trace] = {}
         self._recent: deque[BatchProgress] = deque(maxlen=max(1, keep_recent))
-        self._checkpoint: CheckpointProgress | None = None
-        """The newest checkpoint written since the last record, for the next record."""
+        self._checkpoints: list[CheckpointProgress] = []
+        """Checkpoints written since the last record, for the next record."""
 
     # ---------------------------------------------------------------- what the records say
     @property
@@ -109,6 +117,13 @@ class BatchLifecycle:
     def last_progress(self) -> BatchProgress | None:
         with self._lock:
             return self._recent[-1] if self._recent else None
+
+    def seed(self, earlier: list[BatchProgress]) -> None:
+        """Records an earlier run of the pipeline left at its checkpoint location, oldest first."""
+        with self._lock:
+            fresh = list(self._recent)
+            self._recent.clear()
+            self._recent.extend([*earlier, *fresh])
 
     # ---------------------------------------------------------------- events
     def generated(self, job_set: JobSet) -> None:
@@ -130,9 +145,7 @@ class BatchLifecycle:
             trace = self._trace(job_set.time)
             trace.errors.append(f"attempt {attempt}: {failure}")
             trace.jobs.clear()  # the record times the attempt that counts, the last one
-        job_set.failure = failure
-        self._bus.post("on_batch_retrying", self._info(job_set, attempt))
-        job_set.failure = None
+        self._bus.post("on_batch_retrying", self._info(job_set, attempt, failure))
 
     def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0, cancelled: bool = False) -> None:
         """The batch committed, failed for good (``job_set.failure``), or was cancelled by a stop."""
@@ -145,7 +158,7 @@ class BatchLifecycle:
 
     def checkpoint_written(self, time: int, duration_ms: int, size: int) -> None:
         with self._lock:
-            self._checkpoint = CheckpointProgress(time, duration_ms, size)
+            self._checkpoints.append(CheckpointProgress(time, duration_ms, size))
 
     def error(self, error: BaseException) -> None:
         self._bus.post("on_error", error)
@@ -154,7 +167,7 @@ class BatchLifecycle:
     def _trace(self, batch_time: int) -> _Trace:
         return self._traces.setdefault(batch_time, _Trace())
 
-    def _info(self, job_set: JobSet, attempts: int) -> BatchInfo:
+    def _info(self, job_set: JobSet, attempts: int, failure: str | None = None) -> BatchInfo:
         # Sources that count while the batch runs (files) replace their statistics then.
         return BatchInfo(
             batch_time=job_set.time,
@@ -162,7 +175,7 @@ class BatchLifecycle:
             processing_start_time=job_set.processing_start_time,
             processing_end_time=job_set.processing_end_time,
             input_infos=self._input_info.get_info(job_set.time) or job_set.input_infos,
-            failure=job_set.failure,
+            failure=failure or job_set.failure,
             state_operators=self._input_info.get_operators(job_set.time),
             attempts=attempts,
             excluded_executors=self._excluded() if attempts else [],
@@ -171,7 +184,7 @@ class BatchLifecycle:
     def _progress(self, job_set: JobSet, info: BatchInfo, commit_ms: int, cancelled: bool) -> BatchProgress:
         with self._lock:
             trace = self._traces.pop(job_set.time, _Trace())
-            checkpoint, self._checkpoint = self._checkpoint, None
+            checkpoints, self._checkpoints = tuple(self._checkpoints), []
             # Traces of batches that never finish (cancelled by a stop) go with older ones.
             for stale in [t for t in self._traces if t < job_set.time - 1000 * self._batch_interval_ms]:
                 del self._traces[stale]
@@ -179,12 +192,14 @@ class BatchLifecycle:
         interval_s = self._batch_interval_ms / 1000
         nothing: dict[str, int] = {}
         finished = self._safely(self.facts.finished_inputs, nothing)
+        operators = tuple(info.state_operators[name] for name in sorted(info.state_operators))
+        late_by_input = self._late_rows_by_input(operators)
         inputs = tuple(
             InputProgress(
                 name=i.input_name,
                 records=i.num_records or 0,
                 dead_letters=i.dead_letters,
-                late_records=i.late_records,
+                late_records=i.late_records + late_by_input.get(i.input_name, 0),
                 input_rate=round((i.num_records or 0) / interval_s, 3),
                 processing_rate=round((i.num_records or 0) / processing_s, 3) if processing_s > 0 else 0.0,
                 position=dict(i.metadata),
@@ -193,7 +208,6 @@ class BatchLifecycle:
             )
             for i in sorted(info.input_infos.values(), key=lambda i: i.input_id)
         )
-        operators = tuple(info.state_operators[name] for name in sorted(info.state_operators))
         watermarks = [op.watermark_ms for op in operators if op.watermark_ms is not None]
         lease = self._safely(self.facts.lease, None)
         errors = [*trace.errors, *([job_set.failure] if job_set.failure else [])]
@@ -208,15 +222,26 @@ class BatchLifecycle:
             inputs=inputs,
             state_operators=operators,
             durations=PhaseDurations(job_set.generation_ms, tuple(trace.jobs), commit_ms,
-                                     checkpoint.duration_ms if checkpoint else None),
-            checkpoint=checkpoint,
-            watermark_ms=max(watermarks) if watermarks else None,
+                                     checkpoints[-1].duration_ms if checkpoints else None),
+            checkpoints=checkpoints,
+            watermark_ms=min(watermarks) if watermarks else None,
             lease_holder=lease[0] if lease else None,
             lease_token=lease[1] if lease else None,
             excluded_executors=tuple(info.excluded_executors),
-            backlog=max(0, self._safely(self.facts.backlog, 1) - 1),
+            backlog=self._safely(lambda: self.facts.backlog_after(job_set.time), 0),
             errors=tuple(errors),
         )
+
+    def _late_rows_by_input(self, operators: tuple[StateOperatorProgress, ...]) -> dict[str, int]:
+        """An operator's late rows, counted against the input it reads (an operator over several
+        inputs cannot tell whose rows they were: its own count is the only one)."""
+        late: dict[str, int] = {}
+        for op in operators:
+            none: tuple[str, ...] = ()
+            upstream = self._safely(functools.partial(self.facts.upstream_inputs, op.operator), none)
+            if op.late_rows and len(upstream) == 1:
+                late[upstream[0]] = late.get(upstream[0], 0) + op.late_rows
+        return late
 
     def _excluded(self) -> list[ExcludedExecutor]:
         none: list[ExcludedExecutor] = []

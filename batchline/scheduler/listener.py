@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from batchline.scheduler.input_info import StreamInputInfo
-from batchline.scheduler.progress import ExcludedExecutor, StateOperatorProgress
+from batchline.scheduler.progress import BatchDelays, ExcludedExecutor, StateOperatorProgress
 
 if TYPE_CHECKING:
     from batchline.scheduler.progress import BatchProgress
@@ -49,23 +49,21 @@ class BatchInfo:
     """Executors Spark excluded for failures, as the batch ended (SPEC H2); empty when none are."""
 
     @property
+    def _delays(self) -> BatchDelays:
+        return BatchDelays(self.batch_time, self.processing_start_time, self.processing_end_time)
+
+    @property
     def scheduling_delay_ms(self) -> int | None:
         """From the batch's time until its first job started."""
-        if self.processing_start_time is None:
-            return None
-        return self.processing_start_time - self.batch_time
+        return self._delays.scheduling_ms
 
     @property
     def processing_delay_ms(self) -> int | None:
-        if self.processing_start_time is None or self.processing_end_time is None:
-            return None
-        return self.processing_end_time - self.processing_start_time
+        return self._delays.processing_ms
 
     @property
     def total_delay_ms(self) -> int | None:
-        if self.processing_end_time is None:
-            return None
-        return self.processing_end_time - self.batch_time
+        return self._delays.total_ms
 
     @property
     def num_records(self) -> int:
@@ -135,19 +133,26 @@ class _Dispatcher:
                 logger.warning("Listener %r is %d events behind; dropped %d events so far. Make it quicker, or hand "
                                "its work to a thread of its own", self.listener, self._queue.maxsize, self.dropped)
 
-    def flush(self, timeout_s: float) -> bool:
+    @property
+    def is_current_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    def flush(self, deadline: float) -> bool:
         marker = _Flush()
         try:
-            self._queue.put(marker, timeout=timeout_s)
+            self._queue.put(marker, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             return False
-        return marker.done.wait(timeout_s)
+        return marker.done.wait(max(0.0, deadline - time.monotonic()))
 
-    def stop(self) -> None:
+    def stop(self, deadline: float | None = None) -> None:
+        """Let the thread end once it handled what is queued (waiting for it until ``deadline``)."""
         try:
             self._queue.put_nowait(_STOP)
         except queue.Full:
-            pass  # a daemon thread stuck in its listener; it goes with the process
+            return  # a daemon thread stuck in its listener; it goes with the process
+        if deadline is not None and not self.is_current_thread:
+            self._thread.join(max(0.0, deadline - time.monotonic()))
 
     def warn_if_stuck(self) -> None:
         since = self.busy_since
@@ -205,12 +210,21 @@ class ListenerBus:
             dispatcher.offer((method, payload))
 
     def flush(self, timeout_s: float = 5.0) -> bool:
-        """Wait (up to ``timeout_s`` in all) until every listener handled the events posted so far."""
+        """Wait (up to ``timeout_s`` in all) until every listener handled the events posted so far.
+        Called from a listener (one that stops the pipeline), it does not wait for that listener."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            dispatchers = list(self._dispatchers)
-        behind = [d.listener for d in dispatchers if not d.flush(max(0.0, deadline - time.monotonic()))]
+            dispatchers = [d for d in self._dispatchers if not d.is_current_thread]
+        behind = [d.listener for d in dispatchers if not d.flush(deadline)]
         if behind:
             logger.warning("Listener(s) %s did not handle their events within %.0f s; not waiting for them",
                            ", ".join(repr(listener) for listener in behind), timeout_s)
         return not behind
+
+    def close(self, timeout_s: float = 1.0) -> None:
+        """End every listener's thread once it handled what it was given; no event is taken after."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            dispatchers, self._dispatchers = self._dispatchers, []
+        for dispatcher in dispatchers:
+            dispatcher.stop(deadline)

@@ -18,6 +18,7 @@ from typing import Any
 from batchline.batch_time import format_batch_time
 
 __all__ = [
+    "BatchDelays",
     "BatchProgress",
     "CheckpointProgress",
     "ExcludedExecutor",
@@ -34,6 +35,28 @@ COMPLETED = "completed"
 FAILED = "failed"
 CANCELLED = "cancelled"
 """Stopped by ``stop()`` before it committed; it runs again at the next start."""
+
+
+@dataclass(frozen=True)
+class BatchDelays:
+    """A batch's delays from its time and when its processing started and ended (None while unknown)."""
+
+    batch_time: int
+    start_ms: int | None
+    end_ms: int | None
+
+    @property
+    def scheduling_ms(self) -> int | None:
+        """From the batch's time until its first job started."""
+        return None if self.start_ms is None else self.start_ms - self.batch_time
+
+    @property
+    def processing_ms(self) -> int | None:
+        return None if self.start_ms is None or self.end_ms is None else self.end_ms - self.start_ms
+
+    @property
+    def total_ms(self) -> int | None:
+        return None if self.end_ms is None else self.end_ms - self.batch_time
 
 
 @dataclass(frozen=True)
@@ -105,7 +128,8 @@ class JobTiming:
 @dataclass(frozen=True)
 class CheckpointProgress:
     """A checkpoint written since the previous record (checkpoints are written on a thread of
-    their own, after the batch they describe committed)."""
+    their own, after the batch they describe committed; the final checkpoint of a finished
+    pipeline comes after its last record, and is in no record)."""
 
     time: int
     duration_ms: int
@@ -123,7 +147,7 @@ class PhaseDurations:
     commit_ms: int = 0
     """Counting, verifying and writing the commit marker."""
     checkpoint_ms: int | None = None
-    """The newest checkpoint write finished since the previous record, if any."""
+    """How long the newest checkpoint written since the previous record took, if any."""
 
     @property
     def jobs_ms(self) -> int:
@@ -146,9 +170,11 @@ class BatchProgress:
     inputs: tuple[InputProgress, ...] = ()
     state_operators: tuple[StateOperatorProgress, ...] = ()
     durations: PhaseDurations = field(default_factory=PhaseDurations)
-    checkpoint: CheckpointProgress | None = None
+    checkpoints: tuple[CheckpointProgress, ...] = ()
+    """Checkpoints written since the previous record, oldest first."""
     watermark_ms: int | None = None
-    """The highest watermark among the stateful operators after the batch (None without one)."""
+    """The pipeline's event-time watermark as the batch ran: the lowest of its stateful
+    operators' (as Spark's global watermark), None without one."""
     lease_holder: str | None = None
     lease_token: int | None = None
     excluded_executors: tuple[ExcludedExecutor, ...] = ()
@@ -159,23 +185,26 @@ class BatchProgress:
 
     # ---------------------------------------------------------------- derived
     @property
+    def checkpoint(self) -> CheckpointProgress | None:
+        """The newest checkpoint written since the previous record."""
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    @property
     def batch_time_iso(self) -> str:
         return format_batch_time(self.batch_time)
 
     @property
     def scheduling_delay_ms(self) -> int | None:
         """From the batch's time until its first job started."""
-        return None if self.processing_start_ms is None else self.processing_start_ms - self.batch_time
+        return BatchDelays(self.batch_time, self.processing_start_ms, self.processing_end_ms).scheduling_ms
 
     @property
     def processing_ms(self) -> int | None:
-        if self.processing_start_ms is None or self.processing_end_ms is None:
-            return None
-        return self.processing_end_ms - self.processing_start_ms
+        return BatchDelays(self.batch_time, self.processing_start_ms, self.processing_end_ms).processing_ms
 
     @property
     def total_delay_ms(self) -> int | None:
-        return None if self.processing_end_ms is None else self.processing_end_ms - self.batch_time
+        return BatchDelays(self.batch_time, self.processing_start_ms, self.processing_end_ms).total_ms
 
     @property
     def records(self) -> int:
@@ -193,6 +222,7 @@ class BatchProgress:
     def to_json(self) -> dict[str, Any]:
         payload = dataclasses.asdict(self)
         payload["batch_time_iso"] = self.batch_time_iso
+        payload["checkpoint"] = dataclasses.asdict(self.checkpoint) if self.checkpoint else None
         payload["scheduling_delay_ms"] = self.scheduling_delay_ms
         payload["processing_ms"] = self.processing_ms
         payload["total_delay_ms"] = self.total_delay_ms
@@ -204,7 +234,6 @@ class BatchProgress:
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> BatchProgress:
         durations = payload.get("durations") or {}
-        checkpoint = payload.get("checkpoint")
         return cls(**{
             **_known(cls, payload),
             "inputs": tuple(InputProgress(**_known(InputProgress, i)) for i in payload.get("inputs", ())),
@@ -214,7 +243,8 @@ class BatchProgress:
                 **_known(PhaseDurations, durations),
                 "jobs": tuple(JobTiming(**_known(JobTiming, j)) for j in durations.get("jobs", ())),
             }),
-            "checkpoint": CheckpointProgress(**_known(CheckpointProgress, checkpoint)) if checkpoint else None,
+            "checkpoints": tuple(CheckpointProgress(**_known(CheckpointProgress, c))
+                                 for c in payload.get("checkpoints", ())),
             "excluded_executors": tuple(ExcludedExecutor(**_known(ExcludedExecutor, e))
                                         for e in payload.get("excluded_executors", ())),
             "errors": tuple(payload.get("errors", ())),

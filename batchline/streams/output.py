@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from batchline.batch_time import BatchTime
-from batchline.scheduler.job import Job
+from batchline.scheduler.job import Job, JobKind
 from batchline.streams.base import StreamNode, StreamRuntime
 from batchline.streams.sink import NO_FENCING_TOKEN, BatchContext, Sink, SinkContext
 
@@ -53,4 +53,4 @@ class OutputOperation:
                 token = checkpoint.lease.token if checkpoint is not None else None
                 sink.write(df, BatchContext(stamp, self.name, pipeline, NO_FENCING_TOKEN if token is None else token))
 
-        return Job(batch_time, self.name, run)
+        return Job(batch_time, self.name, run, JobKind.OUTPUT)

@@ -1,0 +1,69 @@
+"""`batchline status` from what a location holds, without Spark: excluded executors (SPEC H2),
+failed and cancelled batches after the last completed one, a driver that died holding its lease."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+
+from batchline.checkpoint.lease import LEASE_FILE, Lease, LeaseRecord
+from batchline.checkpoint.storage import CheckpointStorage, seal
+from batchline.cli.main import main
+from batchline.clock import ManualClock
+from batchline.observe.progress_log import ProgressLog
+from batchline.scheduler.progress import BatchProgress, ExcludedExecutor, StateOperatorProgress
+
+NOW = 1_800_000_000_000
+
+
+def record(batch_time: int, status: str = "completed", errors: tuple[str, ...] = ()) -> BatchProgress:
+    return BatchProgress(
+        batch_time=batch_time, status=status, submission_time_ms=batch_time, processing_start_ms=batch_time + 40,
+        processing_end_ms=batch_time + 900, batch_interval_ms=1000, attempts=1, errors=errors,
+        state_operators=(StateOperatorProgress("sessions", 10, 0, 5, 5, 0, 0, 2, 1234, None, state_bytes=99_000),),
+        excluded_executors=(ExcludedExecutor("7", "worker-2", NOW - 60_000),), backlog=3)
+
+
+def write_records(storage: CheckpointStorage, *records: BatchProgress) -> None:
+    log = ProgressLog(storage, keep=10)
+    for r in records:
+        log.on_progress(r)
+
+
+def test_a_running_pipeline_shows_its_excluded_executors_and_the_batches_that_failed(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path), warn=False)
+    lease = Lease(storage, ManualClock(NOW), ttl_ms=10**12)  # held by this process, far from expiring
+    lease.acquire()
+    try:
+        write_records(storage, record(NOW - 2000), record(NOW - 1000, "failed", ("output 'out': disk full",)))
+        assert main(["status", str(tmp_path)]) == 0
+        text = capsys.readouterr().out
+        assert f"{tmp_path}: running" in text
+        assert f"holder: {lease.holder} (pid {os.getpid()}" in text
+        assert "excluded executor 7 on worker-2 since" in text
+        assert "operator sessions: 1234 keys in state, about 99000 bytes" in text
+        assert "backlog: 3 batches" in text
+        assert "failed: output 'out': disk full" in text
+        assert main(["status", str(tmp_path), "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert status["state"] == "running" and status["backlog"] == 3
+        assert status["last_batch"]["batch_time"] == NOW - 2000
+        assert status["last_batch"]["excluded_executors"] == [
+            {"executor_id": "7", "host": "worker-2", "since_ms": NOW - 60_000}]
+        assert [r["status"] for r in status["failed_batches"]] == ["failed"]
+    finally:
+        lease.release()
+
+
+def test_a_driver_that_died_holding_its_lease_is_shown_as_abandoned(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path), warn=False)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    storage.replace(LEASE_FILE, seal(LeaseRecord("gone", socket.gethostname(), dead.pid, 4, 10**15).__dict__))
+    write_records(storage, record(NOW - 1000))
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "abandoned"
+    assert main(["status", str(tmp_path)]) == 0
+    assert "abandoned: its driver died without releasing the lease" in capsys.readouterr().out
