@@ -92,11 +92,12 @@ def test_progress_records_say_what_each_batch_did(spark, tmp_path):
         assert events_in.input_rate == rows / (INTERVAL / 1000)
         (taken,) = events_in.position["files"]  # the input's position: the file this batch read
         assert str(taken).endswith(f"batch-{(record.batch_time - START) // INTERVAL - 1}.json"), taken
-        # Durations, exact on the manual clock: each batch's timer fired when the test moved the
-        # clock past it, 250 ms late (the previous output's time); the output took 250 ms.
+        # Durations, exact on the manual clock: each output took 250 ms of it, so the clock runs
+        # 250 ms later with every batch, and batch n's timer fires 250 * (n - 1) ms late.
+        late_by = OUTPUT_MS * ((record.batch_time - START) // INTERVAL - 1)
         assert (record.scheduling_delay_ms, record.processing_ms, record.total_delay_ms) == (
-            OUTPUT_MS, OUTPUT_MS, 2 * OUTPUT_MS)
-        assert record.submission_time_ms == record.processing_start_ms == record.batch_time + OUTPUT_MS
+            late_by, OUTPUT_MS, late_by + OUTPUT_MS)
+        assert record.submission_time_ms == record.processing_start_ms == record.batch_time + late_by
         assert [(j.kind, j.name, j.started_ms, j.duration_ms) for j in record.durations.jobs] == [
             ("state", "counts", record.processing_start_ms, 0), ("output", "out", record.processing_start_ms,
                                                                  OUTPUT_MS)]
