@@ -121,6 +121,7 @@ def test_a_retried_batch_times_its_last_attempt_and_keeps_each_cause():
     assert record.attempts == 2 and record.errors == ("attempt 1: output 'out': IOError: disk full",)
     assert [j.duration_ms for j in record.durations.jobs] == [200, 120]  # not the failed attempt's 400 ms
     assert record.processing_ms == 400 + 1000 + 320
+    assert record.inputs[0].processing_rate == round(500 / 0.32, 3)  # over the attempt that counted
 
 
 def test_a_cancelled_batch_is_recorded_as_cancelled_and_records_are_kept_bounded():

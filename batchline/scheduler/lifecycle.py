@@ -188,7 +188,10 @@ class BatchLifecycle:
             # Traces of batches that never finish (cancelled by a stop) go with older ones.
             for stale in [t for t in self._traces if t < job_set.time - 1000 * self._batch_interval_ms]:
                 del self._traces[stale]
-        processing_s = (info.processing_delay_ms or 0) / 1000
+        # Over the attempt that counted: a retried batch's backoff is not time spent processing.
+        start = trace.jobs[0].started_ms if trace.jobs and trace.errors else job_set.processing_start_time
+        end = job_set.processing_end_time
+        processing_s = (end - start) / 1000 if start is not None and end is not None else 0.0
         interval_s = self._batch_interval_ms / 1000
         nothing: dict[str, int] = {}
         finished = self._safely(self.facts.finished_inputs, nothing)

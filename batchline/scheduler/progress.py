@@ -106,7 +106,8 @@ class InputProgress:
     input_rate: float = 0.0
     """Records per second of batch interval: how fast the input arrived."""
     processing_rate: float = 0.0
-    """Records per second of the batch's processing time: how fast the batch worked them off."""
+    """Records per second of the batch's processing time (of its last attempt, after a retry):
+    how fast the batch worked them off."""
     position: dict[str, Any] = field(default_factory=dict)
     """What the batch took of the input (offsets, entry ids, files), as the input reports it."""
     finished: bool = False
