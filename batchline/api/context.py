@@ -467,13 +467,17 @@ class StreamingContext:
                                                  self.batch_interval_ms, self._stop_requested)
                 self._stop_watcher.start()
         except BaseException:
-            generator.stop(process_received_data=False)
-            self._scheduler.shutdown(graceful=False)
-            self.pipeline.stop_inputs(graceful=False)
-            if self._stop_watcher is not None:
-                self._stop_watcher.close()
-            self._observers.stop()
-            self._listener_bus.close()
+            # Undo what started, each step on its own: the error that stopped the start is the one raised.
+            steps = [lambda: generator.stop(process_received_data=False),
+                     lambda: self._scheduler.shutdown(graceful=False) if self._scheduler else None,
+                     lambda: self.pipeline.stop_inputs(graceful=False) if self.pipeline else None,
+                     lambda: self._stop_watcher.close() if self._stop_watcher else None,
+                     self._observers.stop, self._listener_bus.close]
+            for step in steps:
+                try:
+                    step()
+                except Exception:
+                    logger.exception("Cleaning up after a failed start failed too; going on with the rest")
             raise
         finished = self.pipeline.finished_after()
         if finished is not None:  # finished before a crash, without its final checkpoint
