@@ -12,6 +12,7 @@ from batchline.errors import (
     NoOutputOperationError,
 )
 from batchline.scheduler.listener import BatchInfo, StreamingListener
+from batchline.scheduler.progress import BatchProgress
 from batchline.scheduler.retry import RetryPolicy
 from batchline.sources.receiver import Receiver
 from batchline.sources.source import DeadLetter, Source, SourceBatch
@@ -21,6 +22,7 @@ __all__ = [
     "BatchContext",
     "BatchFailedError",
     "BatchInfo",
+    "BatchProgress",
     "BatchTime",
     "BatchlineError",
     "Clock",

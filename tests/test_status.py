@@ -8,10 +8,14 @@ import os
 import socket
 import subprocess
 
+import pytest
+
 from batchline.checkpoint.lease import LEASE_FILE, Lease, LeaseRecord
 from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.cli.main import main
 from batchline.clock import ManualClock
+from batchline.errors import ConfigurationError
+from batchline.observe.observers import ObserveSettings
 from batchline.observe.progress_log import ProgressLog
 from batchline.scheduler.progress import BatchProgress, ExcludedExecutor, StateOperatorProgress
 
@@ -67,3 +71,13 @@ def test_a_driver_that_died_holding_its_lease_is_shown_as_abandoned(tmp_path, ca
     assert json.loads(capsys.readouterr().out)["state"] == "abandoned"
     assert main(["status", str(tmp_path)]) == 0
     assert "abandoned: its driver died without releasing the lease" in capsys.readouterr().out
+
+
+def test_bad_observer_settings_say_what_to_pass():
+    with pytest.raises(ConfigurationError, match=r"metrics_port must be a TCP port \(0 for any free one\) or None"):
+        ObserveSettings(metrics_port=70_000)
+    with pytest.raises(ConfigurationError, match="dashboard_port must be a TCP port"):
+        ObserveSettings(dashboard_port="4050")  # type: ignore[arg-type]
+    with pytest.raises(ConfigurationError, match="progress_records must be at least 1"):
+        ObserveSettings(progress_records=0)
+    assert ObserveSettings(metrics_port=0, dashboard_port=None).metrics_port == 0
