@@ -9,6 +9,7 @@
   const FETCH_TIMEOUT_MS = 5000;
   const MIN_SLOTS = 30; // a chart with few batches keeps bars narrow, the newest on the right
   const FAILED = "failed";
+  const CANCELLED = "cancelled";
 
   const $ = (id) => document.getElementById(id);
 
@@ -143,7 +144,9 @@
 
   // ------------------------------------------------------------------ reading a record
   const isFailed = (rec) => rec.status === FAILED;
-  const isRetried = (rec) => !isFailed(rec) && (rec.attempts || 1) > 1;
+  // Cancelled by a stop before it committed: it runs again at the next start.
+  const isCancelled = (rec) => rec.status === CANCELLED;
+  const isRetried = (rec) => !isFailed(rec) && !isCancelled(rec) && (rec.attempts || 1) > 1;
 
   function inputRate(rec) {
     const inputs = rec.inputs || [];
@@ -157,7 +160,7 @@
   }
 
   function statusClass(rec) {
-    return isFailed(rec) ? "status-failed" : isRetried(rec) ? "status-retried" : "status-ok";
+    return isFailed(rec) ? "status-failed" : isRetried(rec) || isCancelled(rec) ? "status-retried" : "status-ok";
   }
 
   function mean(values) {
@@ -362,7 +365,7 @@
 
     if (latest) {
       setText("last-batch", fmtUtcClock(latest.batch_time) + "Z", batchIso(latest));
-      const word2 = isFailed(latest) ? "failed" : isRetried(latest) ? `retried (${latest.attempts} attempts)` : "completed";
+      const word2 = isRetried(latest) ? `retried (${latest.attempts} attempts)` : latest.status || "completed";
       setText("last-batch-ago", `${fmtAgo(latest.batch_time)} · ${word2}`);
       const rates = progress.map(inputRate);
       setText("latest-rate", fmtRate(rates[rates.length - 1]));
