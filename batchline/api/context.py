@@ -355,7 +355,7 @@ class StreamingContext:
 
     def _dashboard_snapshot(self) -> dict[str, Any]:
         last = self.last_progress
-        finished_inputs = sorted(_Facts(self).finished_inputs())
+        finished_inputs = sorted(self._lifecycle.facts.finished_inputs())
         lease = self._checkpoints.lease if self._checkpoints is not None else None
         status = {
             "name": self.name,
@@ -439,8 +439,6 @@ class StreamingContext:
         generator: JobGenerator
         self._lifecycle.facts = _Facts(self)
         self._lifecycle.excluded_executors = ExecutorMonitor.of(self.spark, self.clock).excluded
-        if self._checkpoints is not None:
-            self._checkpoints.on_checkpoint_written = self._lifecycle.checkpoint_written
 
         def commit_batch(batch_time: int) -> None:
             commit.commit(batch_time)
@@ -514,7 +512,7 @@ class StreamingContext:
         """Take the location's lease and load its newest checkpoint (None: start fresh)."""
         if self.checkpoint_settings is None:
             return None
-        self._checkpoints = CheckpointManager(self.checkpoint_settings, self.clock)
+        self._checkpoints = CheckpointManager(self.checkpoint_settings, self.clock, self._lifecycle.checkpoint_written)
         checkpoint = self._checkpoints.open()
         storage = self._checkpoints.storage
         if checkpoint is None:

@@ -23,7 +23,7 @@ from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, se
 from batchline.clock import Clock
 from batchline.errors import BatchlineError
 
-__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError", "check_token", "holder_is_gone"]
+__all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError", "check_token"]
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +58,7 @@ class LeaseRecord:
     def is_live(self, now_ms: int) -> bool:
         """A driver holds the location: the lease is neither released nor expired, and its holder
         is not known to be dead."""
-        return not self.released and self.expires_at_ms > now_ms and not holder_is_gone(self)
+        return not self.released and self.expires_at_ms > now_ms and not _holder_is_gone(self)
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> LeaseRecord:
@@ -70,7 +70,7 @@ class LeaseRecord:
         return f"{self.holder} (pid {self.pid} on {self.host}, token {self.token})"
 
 
-def holder_is_gone(record: LeaseRecord) -> bool:
+def _holder_is_gone(record: LeaseRecord) -> bool:
     """The holder's process is known to be dead: it ran on this host and is no more."""
     if record.host != socket.gethostname():
         return False
@@ -114,7 +114,7 @@ class Lease:
         now = self._clock.now_ms()
         if current is not None and current.holder != self.holder:
             expired = current.expires_at_ms <= now
-            if not expired and not holder_is_gone(current):
+            if not expired and not _holder_is_gone(current):
                 raise CheckpointLockedError(
                     f"checkpoint location {self._storage.url} is held by driver {current.describe()} "
                     f"until {format_batch_time(current.expires_at_ms)}; stop that driver, or wait for "

@@ -40,15 +40,16 @@ class CheckpointSettings:
 
 
 class CheckpointManager:
-    def __init__(self, settings: CheckpointSettings, clock: Clock) -> None:
+    def __init__(self, settings: CheckpointSettings, clock: Clock,
+                 on_checkpoint_written: Callable[[int, int, int], None] | None = None) -> None:
         self.settings = settings
         self.storage = CheckpointStorage(settings.location, settings.storage_options)
         self.lease = Lease(self.storage, clock, settings.lease_ttl_ms)
         self.events = JobEventStore(self.storage, settings.batch_interval_ms)
         self._clock = clock
         self.writer: CheckpointWriter | None = None
-        self.on_checkpoint_written: Callable[[int, int, int], None] | None = None
-        """Told each checkpoint written (time, duration in ms, bytes); set before ``open()``."""
+        self._on_checkpoint_written = on_checkpoint_written
+        """Told each checkpoint written: its time, how long the write took (ms) and its size."""
 
     @property
     def interval_ms(self) -> int:
@@ -59,12 +60,8 @@ class CheckpointManager:
         self.lease.acquire()
         checkpoint, retained = load_latest_checkpoint(self.storage)
         self.writer = CheckpointWriter(self.storage, self._clock, self.settings.keep, self.lease.check,
-                                       known=retained, on_written=self._checkpoint_written)
+                                       known=retained, on_written=self._on_checkpoint_written)
         return checkpoint
-
-    def _checkpoint_written(self, time: int, duration_ms: int, size: int) -> None:
-        if self.on_checkpoint_written is not None:
-            self.on_checkpoint_written(time, duration_ms, size)
 
     def checkpoint_writer(self) -> CheckpointWriter:
         if self.writer is None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 from collections import deque
+from typing import Any
 
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
 from batchline.scheduler.listener import StreamingListener
@@ -28,13 +29,14 @@ class ProgressLog(StreamingListener):
 
     def __init__(self, storage: CheckpointStorage, keep: int, earlier: list[BatchProgress] | None = None) -> None:
         self._storage = storage
-        self._records: deque[BatchProgress] = deque(earlier or (), maxlen=max(1, keep))
+        # As JSON, made once per record: every batch rewrites all of them.
+        self._records: deque[dict[str, Any]] = deque((r.to_json() for r in earlier or ()), maxlen=max(1, keep))
         self._failing = False
 
     def on_progress(self, progress: BatchProgress) -> None:
-        self._records.append(progress)
+        self._records.append(progress.to_json())
         try:
-            self._storage.replace(PROGRESS_FILE, seal({"progress": [r.to_json() for r in self._records]}))
+            self._storage.replace(PROGRESS_FILE, seal({"progress": list(self._records)}))
         except OSError as error:
             if not self._failing:
                 logger.warning("Could not write the progress records to %s (%s); batches go on, and the next "

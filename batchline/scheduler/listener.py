@@ -102,11 +102,6 @@ class StreamingListener:
         pass
 
 
-class _Flush:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-
-
 _STOP = object()
 
 
@@ -138,12 +133,12 @@ class _Dispatcher:
         return threading.current_thread() is self._thread
 
     def flush(self, deadline: float) -> bool:
-        marker = _Flush()
+        handled = threading.Event()  # set by the thread once it reaches this point of the queue
         try:
-            self._queue.put(marker, timeout=max(0.0, deadline - time.monotonic()))
+            self._queue.put(handled, timeout=max(0.0, deadline - time.monotonic()))
         except queue.Full:
             return False
-        return marker.done.wait(max(0.0, deadline - time.monotonic()))
+        return handled.wait(max(0.0, deadline - time.monotonic()))
 
     def stop(self, deadline: float | None = None) -> None:
         """Let the thread end once it handled what is queued (waiting for it until ``deadline``)."""
@@ -167,8 +162,8 @@ class _Dispatcher:
             item = self._queue.get()
             if item is _STOP:
                 return
-            if isinstance(item, _Flush):
-                item.done.set()
+            if isinstance(item, threading.Event):
+                item.set()
                 continue
             assert isinstance(item, tuple)
             method, payload = item

@@ -150,10 +150,6 @@ class PhaseDurations:
     checkpoint_ms: int | None = None
     """How long the newest checkpoint written since the previous record took, if any."""
 
-    @property
-    def jobs_ms(self) -> int:
-        return sum(job.duration_ms for job in self.jobs)
-
 
 @dataclass(frozen=True)
 class BatchProgress:
