@@ -160,8 +160,9 @@ class Seen:
 def number_events(slow_while, key, rows, state):
     """Numbers a user's events 1, 2, 3, ... across batches: an event committed twice, or a batch
     whose state counted twice, shows as a repeated or skipped number. While the file
-    ``slow_while`` exists, each batch takes longer than the interval, so that a batch is always
-    running or queued when a stop comes."""
+    ``slow_while`` exists, each batch takes about twice the interval (three keys a partition,
+    0.3 s each), so that batches are always running and queued when a stop comes, however fast
+    the machine."""
     seen = state.get() if state.exists else Seen(0)
     count = seen.count
     out = []
@@ -169,7 +170,7 @@ def number_events(slow_while, key, rows, state):
         count += 1
         out.append({"id": key, "data": row.data, "n": count})
     if os.path.exists(slow_while):
-        time.sleep(0.1)
+        time.sleep(0.3)
     state.update(Seen(count))
     return out
 
