@@ -68,7 +68,13 @@ def state_versions(checkpoint: str, operator: str, storage_options: dict[str, An
 def _versions(files: FileStateStore, metadata: StateMetadata) -> list[int]:
     events = JobEventStore(files.storage)
     per_partition = [files.list_versions(metadata.generation, p) for p in range(metadata.num_partitions)]
-    common = set(per_partition[0]).intersection(*per_partition[1:])
+    # A partition with no row and no timer due sits a batch out (SPEC E6) and writes no version:
+    # its state at that version is its newest below, so a version is held by every partition
+    # whose files reach back to it.
+    oldest = max((min(p) for p in per_partition if p), default=None)
+    if oldest is None or not all(per_partition):
+        return []
+    held = {v for p in per_partition for v in p if v >= oldest}
     logged = {int(name) for name in files.storage.list_names(EVENTS) if name.isdigit()}
     newest_committed = next((t for t in sorted(logged, reverse=True) if events.is_completed(t)), None)
 
@@ -83,7 +89,7 @@ def _versions(files: FileStateStore, metadata: StateMetadata) -> list[int]:
     # Readable: committed (a snapshot is only ever written for a committed version) and held by
     # every partition. Clean-up deletes only what lies below a snapshot, so each such version
     # can be built from a snapshot or from the first delta on.
-    return [v for v in sorted(common) if any(SNAPSHOT in p[v] for p in per_partition) or committed(v)]
+    return [v for v in sorted(held) if any(SNAPSHOT in p.get(v, ()) for p in per_partition) or committed(v)]
 
 
 def _latest(files: FileStateStore, metadata: StateMetadata) -> int:

@@ -21,7 +21,7 @@ import dataclasses
 import enum
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +38,7 @@ __all__ = [
     "BatchParams",
     "ErrorKind",
     "OperatorSpec",
+    "PartitionFacts",
     "StateFunctionError",
     "Stats",
     "TaskErrorPayload",
@@ -100,11 +101,23 @@ class BatchParams:
     """Every input has ended: every key with a timeout times out now (SPEC G3's drain)."""
     finished_partitions: tuple[int, ...] = ()
     """Partitions drained for good (SPEC G2): their tasks do nothing."""
+    idle_partitions: tuple[int, ...] = ()
+    """Partitions that sit this batch out (no row, no timer due, in a batch that runs only the
+    partitions whose timers are due): their tasks do nothing and write no version."""
+    behind: Mapping[int, int | None] = field(default_factory=dict)
+    """Partitions whose newest version is older than ``prev_version`` because they sat batches
+    out: partition to that version (None: the newest below this batch, after a restart)."""
+
+    def version_of(self, partition: int) -> int | None:
+        """The version ``partition`` builds on."""
+        return self.behind[partition] if partition in self.behind else self.prev_version
 
     def to_json(self) -> dict[str, Any]:
         return {"batch_time": self.batch_time, "prev_version": self.prev_version, "token": self.token,
                 "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished,
-                "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions)}
+                "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions),
+                "idle_partitions": list(self.idle_partitions),
+                "behind": {str(p): v for p, v in sorted(self.behind.items())}}
 
     @classmethod
     def from_json(cls, payload: Any) -> BatchParams:
@@ -134,13 +147,18 @@ class BatchParams:
             )
         end = payload.get("end_of_input", False)
         finished = payload.get("finished_partitions", [])
-        if not isinstance(end, bool) or not isinstance(finished, list):
+        idle = payload.get("idle_partitions", [])
+        behind = payload.get("behind", {})
+        if (not isinstance(end, bool) or not isinstance(finished, list) or not isinstance(idle, list)
+                or not isinstance(behind, dict)):
             raise ConfigurationError(
-                f"batch parameters {payload!r} have a malformed 'end_of_input' or 'finished_partitions'; the driver "
-                "and the workers run different batchline versions. Install the same version on both and restart"
+                f"batch parameters {payload!r} have a malformed 'end_of_input', 'finished_partitions', "
+                "'idle_partitions' or 'behind'; the driver and the workers run different batchline versions. Install "
+                "the same version on both and restart"
             )
         return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep, end,
-                   tuple(int(p) for p in finished))
+                   tuple(int(p) for p in finished), tuple(int(p) for p in idle),
+                   {int(p): None if v is None else int(v) for p, v in behind.items()})
 
 
 _ABSENT = object()
@@ -167,7 +185,27 @@ def batch_params_from_property(value: str | None, operator: str) -> BatchParams:
 
 
 # -------------------------------------------------------------------- statistics
-_SUM, _MAX, _OR = "sum", "max", "or"
+_SUM, _MAX, _OR, _UNION = "sum", "max", "or", "union"
+
+
+@dataclass(frozen=True)
+class PartitionFacts:
+    """What a state partition holds after a batch: the driver's view of it between batches,
+    from which it knows which partitions have a timer due without running a job (SPEC E6)."""
+
+    keys: int
+    state_bytes: int
+    next_timer_ms: int | None
+    """The earliest deadline among its keys (processing or event time, as the operator's
+    timeout kind), or None when none of its keys has a timeout."""
+
+    def to_json(self) -> list[int | None]:
+        return [self.keys, self.state_bytes, self.next_timer_ms]
+
+    @classmethod
+    def from_json(cls, payload: Any) -> PartitionFacts:
+        keys, state_bytes, next_timer_ms = payload
+        return cls(int(keys), int(state_bytes), None if next_timer_ms is None else int(next_timer_ms))
 
 
 @dataclass
@@ -191,6 +229,8 @@ class Stats:
     """A bit per state partition that ran, to prove none was coalesced away."""
     timers: int = field(default=0, metadata={"merge": _OR})
     """A bit per state partition that still holds a key with a timeout after the batch."""
+    partitions_after: dict[int, PartitionFacts] = field(default_factory=dict, metadata={"merge": _UNION})
+    """Per state partition that did the batch's work: what it holds after it."""
 
     def merge(self, other: Stats) -> Stats:
         """Field by field: counts add up, the newest event time wins, partition bits combine."""
@@ -202,18 +242,25 @@ class Stats:
                 merged[f.name] = b if a is None else a if b is None else max(a, b)
             elif how == _OR:
                 merged[f.name] = a | b
+            elif how == _UNION:
+                merged[f.name] = {**a, **b}
             else:
                 merged[f.name] = a + b
         return Stats(**merged)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        payload = dataclasses.asdict(self)
+        payload["partitions_after"] = {str(p): facts.to_json() for p, facts in self.partitions_after.items()}
+        return payload
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> Stats:
         """Statistics a finish record kept; fields it lacks (an older writer) count as nothing."""
         known = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in payload.items() if k in known})
+        fields = {k: v for k, v in payload.items() if k in known}
+        fields["partitions_after"] = {int(p): PartitionFacts.from_json(facts)
+                                      for p, facts in fields.get("partitions_after", {}).items()}
+        return cls(**fields)
 
 
 # -------------------------------------------------------------------- errors

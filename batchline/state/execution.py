@@ -38,6 +38,7 @@ from batchline.state.contract import (
     BatchParams,
     ErrorKind,
     OperatorSpec,
+    PartitionFacts,
     StateFunctionError,
     Stats,
     TaskErrorPayload,
@@ -178,19 +179,20 @@ def _cache_key(spec: OperatorSpec, partition: int) -> _CacheKey:
 
 def _cached_partition(spec: OperatorSpec, params: BatchParams, partition: int, cache: PartitionCache) -> _Cached:
     store = spec.store
+    version = params.version_of(partition)
     cached = cache.take(_cache_key(spec, partition))
     if cached is not None and cached.token != params.token:
         cached = None
-    if cached is not None and params.prev_version is not None and cached.data.version == params.prev_version:
+    if cached is not None and version is not None and cached.data.version == version:
         return cached
-    if params.prev_version is None:
+    if version is None:
         data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition, None,
                                        below=params.batch_time)
         cached = None
     else:
-        held = cached.data if cached is not None and (cached.data.version or 0) < params.prev_version else None
-        data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition,
-                                       params.prev_version, held=held)
+        held = cached.data if cached is not None and (cached.data.version or 0) < version else None
+        data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition, version,
+                                       held=held)
     if changed is not None and cached is not None:
         for key in changed:
             entry = data.entries.get(key)
@@ -290,8 +292,10 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
     Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
-    if partition in params.finished_partitions:
-        for _ in batches:  # drained for good: its input has ended and it holds no timeout
+    if partition in params.finished_partitions or partition in params.idle_partitions:
+        # Drained for good (its input has ended and it holds no timeout), or sitting this batch
+        # out (no row, no timer due): nothing to load, call or write.
+        for _ in batches:
             pass
         report(Stats(partitions=1 << partition))
         return
@@ -319,7 +323,8 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
                                                      delta_table)
         if delta_table.num_rows:
             cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
-        if (params.prev_version is not None and cached.data.version == params.prev_version
+        version = params.version_of(partition)
+        if (version is not None and cached.data.version == version
                 and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
             _write_snapshot(spec, partition, cached.data, background_snapshots)
         _apply_delta(cached, delta)
@@ -331,6 +336,8 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
         stats.output_rows = len(outputs)
         stats.partitions = 1 << partition
         stats.timers = (1 << partition) if len(cached.index) else 0
+        stats.partitions_after = {partition: PartitionFacts(stats.state_keys, stats.state_bytes,
+                                                            cached.index.next_deadline())}
         result = _output_batch(spec, params, outputs)
         _record_finish(spec, params, partition, stats, result)
         report(stats)

@@ -33,7 +33,7 @@ from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job, JobKind
 from batchline.state import operator
-from batchline.state.contract import BatchParams, OperatorSpec, Stats
+from batchline.state.contract import BatchParams, OperatorSpec, PartitionFacts, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.operator import (
@@ -134,7 +134,21 @@ class StatefulRuntime(StreamRuntime):
         self.prev_version: int | None = None
         self.max_event_time_ms: int | None = None
         self._stats: dict[int, Accumulator[Stats]] = {}
-        self._ran: set[int] = set()
+        self._ran: dict[int, frozenset[int]] = {}
+        """Per batch whose job ran: the partitions that wrote its version."""
+        self._unfinished: set[int] = set()
+        """Batches whose job was generated and that have not committed yet."""
+        self._skipped: set[int] = set()
+        """Batches with no row and no timer due: no job ran, no version was written (SPEC E6)."""
+        self._facts: dict[int, PartitionFacts] | None = None
+        """What each partition holds after the last committed batch (its earliest timer above
+        all); None when unknown (a restart from an older checkpoint, an initial state not yet
+        called): the next batch then runs every partition."""
+        self._facts_generation: int | None = None
+        """The state generation the restored facts were recorded under."""
+        self._ran_facts: dict[int, dict[int, PartitionFacts] | None] = {}
+        self._behind: dict[int, int | None] = {}
+        """Partitions whose newest version is older than ``prev_version`` (they sat batches out)."""
         self._kept: dict[int, frozenset[int]] = {}
         """Per re-run batch, the partitions that keep what they had finished (their output is stored)."""
         self._rerun_whole: set[int] = set()
@@ -151,7 +165,9 @@ class StatefulRuntime(StreamRuntime):
         self.metadata = self._files.read_metadata()
         if self.metadata is None:
             if node.initial_state is not None:
-                self._write_initial_state(node.initial_state)
+                self._write_initial_state(node.initial_state)  # its keys are called in the first batch
+            else:
+                self._facts = {}  # no state at all: no timer anywhere
             return
         stored = self.metadata
         if node.requested_partitions is not None and node.requested_partitions != stored.num_partitions:
@@ -214,11 +230,18 @@ class StatefulRuntime(StreamRuntime):
         self.max_event_time_ms = progress.get("max_event_time_ms")
         self._drained = set(progress.get("finished_partitions", ()))
         self._finished_after = progress.get("finished_after")
+        facts = progress.get("partitions")
+        self._facts = None if facts is None else {int(p): PartitionFacts.from_json(f) for p, f in facts.items()}
+        self._facts_generation = progress.get("partitions_generation")
 
     def progress(self) -> dict[str, Any]:
         progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms}
         if self._drained:
             progress.update(finished_partitions=sorted(self._drained), finished_after=self._finished_after)
+        if self._facts is not None:
+            # The timers a restarted driver must know, so that it skips idle batches from the first.
+            progress["partitions"] = {str(p): f.to_json() for p, f in sorted(self._facts.items())}
+            progress["partitions_generation"] = self.metadata.generation if self.metadata is not None else 0
         return progress
 
     # ---------------------------------------------------------------- finishing (SPEC G2)
@@ -247,13 +270,28 @@ class StatefulRuntime(StreamRuntime):
             logger.info("Operator %s finished in batch %s: its inputs ended and every partition drained", self.name,
                         format_batch_time(batch_time))
 
+    def after_jobs(self, batch_time: int) -> None:
+        """The batch's jobs succeeded: what its partitions reported becomes the driver's view,
+        before the commit records it (a failed attempt's reports never count)."""
+        if batch_time in self._ran_facts:
+            self._facts = self._ran_facts.pop(batch_time)
+            self._facts_generation = None  # learnt by this run, under the generation it runs
+
     def on_batch_committed(self, batch_time: int) -> None:
-        if batch_time in self._ran:
-            self._ran.discard(batch_time)
-            self.prev_version = batch_time
-            self._commits += 1
-            if self._commits % operator.PURGE_EVERY == 0:
-                threading.Thread(target=self._purge, name=f"batchline-state-purge-{self.name}", daemon=True).start()
+        self._skipped.discard(batch_time)
+        self._unfinished.discard(batch_time)
+        ran = self._ran.pop(batch_time, None)
+        if ran is None:
+            return
+        for p in range(self.num_partitions):
+            if p in ran:
+                self._behind.pop(p, None)
+            elif p not in self._behind:
+                self._behind[p] = self.prev_version  # sat the batch out: still at its version
+        self.prev_version = batch_time
+        self._commits += 1
+        if self._commits % operator.PURGE_EVERY == 0:
+            threading.Thread(target=self._purge, name=f"batchline-state-purge-{self.name}", daemon=True).start()
 
     def _purge(self) -> None:
         """Delete state files older than the retained versions, off the batch's path."""
@@ -291,6 +329,11 @@ class StatefulRuntime(StreamRuntime):
         df.unpersist()
         self._stats.pop(batch_time, None)
         self._kept.pop(batch_time, None)
+        self._skipped.discard(batch_time)
+
+    def has_rows(self, batch_time: int) -> bool:
+        """False for a batch this operator skipped: no row came and no timer was due."""
+        return batch_time not in self._skipped
 
     def watermark_ms(self) -> int | None:
         event_time = self.node.event_time
@@ -299,12 +342,25 @@ class StatefulRuntime(StreamRuntime):
         return event_time.after(self.max_event_time_ms)
 
     def prepare_job(self, batch_time: int) -> Job | None:
-        if self.node.node_id not in self.env.consumed:
+        if self.node.node_id not in self.env.consumed or not self.is_time_valid(batch_time):
+            return None
+        if not self._unfinished and self._partitions_to_run(
+                batch_time, self.parents[0].finished_before(batch_time), self.watermark_ms()) == frozenset():
+            # Every earlier batch is committed, so the driver's view of the timers is current:
+            # nothing is due and no row comes. The batch builds no DataFrame and runs no job.
+            self._skip(batch_time, self.watermark_ms())
             return None
         df = self.get_or_compute(batch_time)
         if df is None:
             return None
+        self._unfinished.add(batch_time)
         return Job(batch_time, self.name, lambda: self._run(batch_time, df), JobKind.STATE)
+
+    def _skip(self, batch_time: int, watermark_ms: int | None) -> None:
+        self._skipped.add(batch_time)
+        self.env.input_info.report_operator(batch_time, operator_progress(
+            self.name, self._known_totals(), watermark_ms, 0, len(self._drained)))
+        logger.debug("Operator %s skips batch %s: no row and no timer due", self.name, format_batch_time(batch_time))
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
         # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
@@ -314,13 +370,23 @@ class StatefulRuntime(StreamRuntime):
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
                              keep_finished=batch_time not in self._rerun_whole, end_of_input=fire,
-                             finished_partitions=tuple(sorted(self._drained)))
+                             finished_partitions=tuple(sorted(self._drained)), behind=dict(self._behind))
         if self.finished_before(batch_time):
             # Drained in an earlier batch, which ended after this one's job was built: publish
             # parameters under which every task does nothing, for outputs that still read it.
             publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(
                 params, finished_partitions=tuple(range(self.num_partitions))))
             return
+        due = self._partitions_to_run(batch_time, ending, watermark)
+        if due is not None and not due:
+            self._skip(batch_time, watermark)
+            return
+        running = frozenset(range(self.num_partitions)) if due is None else due
+        if due is not None:
+            params = dataclasses.replace(params, idle_partitions=tuple(
+                p for p in range(self.num_partitions) if p not in due and p not in self._drained))
+            logger.debug("Operator %s runs only partitions %s in batch %s: their timers are due", self.name,
+                         sorted(due), format_batch_time(batch_time))
         if self.metadata is not None:
             self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
                 self.name, self.metadata.num_partitions, self.metadata.generation))
@@ -329,14 +395,50 @@ class StatefulRuntime(StreamRuntime):
         stats: Stats = self._stats[batch_time].value
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
-        self._ran.add(batch_time)
+        self._ran[batch_time] = running - self._drained
+        facts = self._ran_facts[batch_time] = self._facts_after(running, stats)
         if ending:
             self._drain(batch_time, stats)
+        totals = stats if facts is None else dataclasses.replace(
+            stats, state_keys=sum(f.keys for f in facts.values()),
+            state_bytes=sum(f.state_bytes for f in facts.values()))
         self.env.input_info.report_operator(batch_time, operator_progress(
-            self.name, stats, watermark, len(self._kept.get(batch_time, ())), len(self._drained)))
+            self.name, totals, watermark, len(self._kept.get(batch_time, ())), len(self._drained)))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
+
+    def _partitions_to_run(self, batch_time: int, ending: bool, watermark_ms: int | None) -> frozenset[int] | None:
+        """Which partitions the batch must run: None for all (rows came, or the driver does
+        not know every partition's timers, or the batch is special: the inputs' end, a re-run
+        after a crash); else those whose earliest timer is due, as ``_call_function`` fires
+        them (strictly before the batch time, or before the watermark). Empty: skip the batch."""
+        if (self._facts is None or ending or self.parents[0].has_rows(batch_time)
+                or batch_time in self._kept or batch_time in self._rerun_whole):
+            return None
+        if self.metadata is not None and self._facts_generation not in (None, self.metadata.generation):
+            return None  # the state was rescaled or rewritten offline since: its timers are not known
+        timeout = self.node.timeout
+        threshold = (batch_time if timeout is GroupStateTimeout.PROCESSING_TIME
+                     else watermark_ms if timeout is GroupStateTimeout.EVENT_TIME else None)
+        if threshold is None:
+            return frozenset()
+        return frozenset(p for p, f in self._facts.items()
+                         if f.next_timer_ms is not None and f.next_timer_ms < threshold and p not in self._drained)
+
+    def _facts_after(self, ran: frozenset[int], stats: Stats) -> dict[int, PartitionFacts] | None:
+        """The driver's view once the batch is committed: the partitions that ran as they
+        reported; the others as they were (a drained partition reports nothing and fires nothing)."""
+        if any(p not in stats.partitions_after for p in ran - self._drained):
+            return None  # a kept partition's finish record from an older release: learn again
+        facts = {p: f for p, f in (self._facts or {}).items() if p not in ran}
+        facts.update(stats.partitions_after)
+        return facts
+
+    def _known_totals(self) -> Stats:
+        """A skipped batch's statistics: nothing done, the state as the last batch left it."""
+        facts = (self._facts or {}).values()
+        return Stats(state_keys=sum(f.keys for f in facts), state_bytes=sum(f.state_bytes for f in facts))
 
     def recover_batch(self, batch_time: int, whole: bool) -> None:
         """Say which partitions keep the work they recorded as finished before the crash; with
@@ -365,7 +467,7 @@ class StatefulRuntime(StreamRuntime):
             return
         stats: Stats = self._stats[batch_time].value
         if stats.partitions != (1 << self.num_partitions) - 1:
-            self._ran.discard(batch_time)
+            del self._ran[batch_time]
             raise ConfigurationError(
                 f"operator {self.name!r} ran {bin(stats.partitions).count('1')} of its {self.num_partitions} state "
                 "partitions; something (adaptive execution?) changed the shuffle, and state partitions must keep "

@@ -204,6 +204,13 @@ class StreamRuntime(ABC):
         with self._lock:
             return sorted(self._generated)
 
+    def has_rows(self, batch_time: int) -> bool:
+        """Whether the batch may hold rows of this stream: False only when the driver knows it
+        holds none (every input it reads took nothing, and no state timer is due). Outputs
+        run no job for such a batch (SPEC E6: an idle pipeline runs no Spark job). Asked when
+        the batch's jobs run, so that a stateful operator has heard of the batch before."""
+        return any(parent.has_rows(batch_time) for parent in self.parents)
+
     # ---------------------------------------------------------------- finishing (SPEC G1, G2)
     def finished_after(self) -> int | None:
         """The batch time after which this stream produces nothing and runs no work (None

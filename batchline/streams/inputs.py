@@ -67,6 +67,12 @@ class InputRuntime(StreamRuntime):
     def name(self) -> str:
         return self.node.name
 
+    def has_rows(self, batch_time: int) -> bool:
+        """False when the batch's allocation is known to hold no record (its input statistics
+        say 0 before any job ran); None (not known until read) counts as rows."""
+        info = self.env.input_info.get_info(batch_time).get(self.input_id)
+        return info is None or info.num_records != 0
+
     # ---------------------------------------------------------------- finishing
     def exhausted(self) -> bool:
         """A bounded input's position has reached its end: nothing is left to allocate."""

@@ -123,9 +123,15 @@ class _WindowRuntime(StreamRuntime):
         parent = super().finished_after()
         return None if parent is None else parent + self.node.window_ms - self.parents[0].node.slide_ms
 
+    def _window_times(self, batch_time: int) -> range:
+        step = self.parents[0].node.slide_ms
+        return range(batch_time - self.node.window_ms + step, batch_time + 1, step)
+
+    def has_rows(self, batch_time: int) -> bool:
+        parent = self.parents[0]
+        return any(parent.has_rows(t) for t in self._window_times(batch_time) if parent.is_time_valid(t))
+
     def compute(self, batch_time: int) -> DataFrame:
         parent = self.parents[0]
-        step = parent.node.slide_ms
-        times = range(batch_time - self.node.window_ms + step, batch_time + 1, step)
-        frames = [df for t in times if (df := parent.get_or_compute(t)) is not None]
+        frames = [df for t in self._window_times(batch_time) if (df := parent.get_or_compute(t)) is not None]
         return union_all(*frames)

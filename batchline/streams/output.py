@@ -20,7 +20,8 @@ def pipeline_identity(runtime: StreamRuntime) -> str:
 
 @dataclass(frozen=True)
 class OutputOperation:
-    """``sink.write(df, batch)`` for every batch of ``node``, under a name unique in the pipeline."""
+    """``sink.write(df, batch)`` for every batch of ``node`` that may hold rows, under a name
+    unique in the pipeline."""
 
     name: str
     node: StreamNode
@@ -39,8 +40,8 @@ class OutputOperation:
         """The batch's job; none once the stream has finished (SPEC G1: finished streams run
         no work). Whether it has is checked again when the job runs: an operator learns that
         it drained only when the batch before has run."""
-        if runtime.finished_before(batch_time):
-            return None
+        if runtime.finished_before(batch_time) or not runtime.has_rows(batch_time):
+            return None  # known idle when generated: no DataFrame is even built (SPEC E6)
         df = runtime.get_or_compute(batch_time)
         if df is None:
             return None
@@ -48,7 +49,9 @@ class OutputOperation:
         checkpoint = runtime.env.checkpoint
 
         def run() -> None:
-            if not runtime.finished_before(batch_time):
+            # Asked as the job runs, after the batch's stateful operators: a batch known to hold
+            # no rows (no input, no timer due) costs no Spark job and no call of the sink.
+            if not runtime.finished_before(batch_time) and runtime.has_rows(batch_time):
                 # The token as the job runs: the one this driver's commit marker will carry.
                 token = checkpoint.lease.token if checkpoint is not None else None
                 sink.write(df, BatchContext(stamp, self.name, pipeline, NO_FENCING_TOKEN if token is None else token))

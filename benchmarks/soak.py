@@ -1,0 +1,116 @@
+"""Memory over a long run (issue 19, SPEC E6): does the resident memory of the driver, its
+JVM and the Python workers stay flat while batches go by?
+
+The seed's sessionization on a manual clock, driven as fast as batches complete: the
+generator's user events (``--rate`` per second over ``--users`` users) → the sessionization
+operator (processing-time timeouts of one minute, 4 state partitions) → ``write_files``
+(Parquet), checkpoints every 10 batches. The state is steady once sessions close as fast as
+they open (after about 60 batches), so any growth after that is a leak. The resident set of
+each process (``VmRSS``) is sampled every ``--every`` batches; the figure is the growth from
+batch ``--baseline`` to the last batch, in %, per process kind.
+
+    python -m benchmarks.soak [--batches 20000] [--baseline 1000] [--every 250]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from batchline import StreamingContext
+from batchline.clock import ManualClock
+from batchline.examples.sessionization import build_sessionization
+from batchline.spark import local_spark_session
+from benchmarks.completions import Completions
+from benchmarks.machine import write_result
+
+INTERVAL_MS = 1000
+
+
+def _rss_kib(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _processes() -> dict[str, list[int]]:
+    """This driver, its JVM and the JVM's Python workers, by kind."""
+    me = os.getpid()
+    parent_of, command = {}, {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+                cmdline = Path(f"/proc/{entry}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            except OSError:
+                continue
+            parent_of[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
+            command[int(entry)] = cmdline
+    jvms = [p for p, parent in parent_of.items() if parent == me and "java" in command[p]]
+    below, frontier = set(), list(jvms)
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parent_of.items():
+            if parent == pid and child not in below:
+                below.add(child)
+                frontier.append(child)
+    workers = sorted(p for p in below if "python" in command[p])
+    return {"driver": [me], "jvm": jvms, "python_workers": workers}
+
+
+def sample() -> dict[str, int]:
+    """Resident KiB per process kind (summed over the kind's processes)."""
+    return {kind: sum(_rss_kib(p) or 0 for p in pids) for kind, pids in _processes().items()}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=20_000)
+    parser.add_argument("--baseline", type=int, default=1_000, help="the batch memory is compared with")
+    parser.add_argument("--every", type=int, default=250, help="batches between two samples")
+    parser.add_argument("--rate", type=float, default=200, help="generated events per second of batch time")
+    parser.add_argument("--users", type=int, default=500)
+    args = parser.parse_args()
+
+    work = Path(tempfile.mkdtemp(prefix="batchline-soak-"))
+    spark = local_spark_session(app_name="soak")
+    clock = ManualClock(1_000 * INTERVAL_MS)
+    ssc = StreamingContext(spark, f"{INTERVAL_MS}ms", clock=clock, checkpoint=str(work / "checkpoint"),
+                           checkpoint_interval=f"{10 * INTERVAL_MS}ms")
+    build_sessionization(ssc, rate=args.rate, users=args.users, num_partitions=4).write_files(
+        str(work / "out"), "parquet", name="sessions_out")
+    completions = Completions()
+    ssc.add_listener(completions)
+    ssc.start()
+    samples: list[dict[str, Any]] = []
+    started = time.perf_counter()
+    try:
+        for n in range(1, args.batches + 1):
+            completions.next_batch(clock, INTERVAL_MS)
+            if n % args.every == 0 or n in (1, args.baseline):
+                samples.append({"batch": n, "seconds": round(time.perf_counter() - started, 1), **sample()})
+                print(json.dumps(samples[-1]), flush=True)
+    finally:
+        ssc.stop(graceful=False)
+    base = next(s for s in samples if s["batch"] == args.baseline)
+    last = samples[-1]
+    growth = {kind: round(100 * (last[kind] - base[kind]) / base[kind], 1) if base[kind] else None
+              for kind in ("driver", "jvm", "python_workers")}
+    figures = {"batches": args.batches, "baseline_batch": args.baseline, "rate": args.rate, "users": args.users,
+               "growth_percent_since_baseline": growth, "samples_kib": samples}
+    path = write_result("soak", figures)
+    print(json.dumps({"growth_percent_since_baseline": growth}, indent=2))
+    print(f"Written to {path}")
+
+
+if __name__ == "__main__":
+    main()
