@@ -100,12 +100,20 @@ def test_commits_are_compacted_in_the_background_every_so_many_commits(tmp_path,
         return original(relative)
 
     monkeypatch.setattr(sink._own, "list_names", slow_list)
-    commit(sink, batches(10))  # the tenth commit starts a compaction and returns
-    assert listed.wait(10) and len(records(tmp_path)) == 10
-    commit(sink, batches(12)[10:])  # batches go on while it runs
+    commit(sink, batches(1))  # a run's first commit starts a compaction (of what earlier runs left) and returns
+    assert listed.wait(10)
+    commit(sink, batches(12)[1:])  # batches go on while it runs
+    assert len(records(tmp_path)) == 12
     release.set()
     assert sink.wait_for_compaction(10)
-    assert len(records(tmp_path)) <= 12 - 7 and sink.compaction_error is None
+    assert len(records(tmp_path)) == 3 and sink.compaction_error is None
+    listed.clear()
+    commit(sink, batches(13)[12:])  # the commits made while it ran still count: this one compacts again
+    assert listed.wait(10) and sink.wait_for_compaction(10)
+    assert len(records(tmp_path)) == 3
+    listed.clear()
+    commit(sink, batches(22)[13:])  # nine more: not yet
+    assert not listed.is_set()
     sink.close()
 
 

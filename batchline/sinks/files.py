@@ -28,16 +28,17 @@ nothing is computed or written anew; without one, nothing of the batch was publi
 so it is written from scratch and leftovers of the crashed attempt are discarded. Each
 batch ends up complete, exactly once.
 
-Commit records stay bounded (SPEC E6): every ``COMPACT_EVERY`` commits, a thread of the
-sink's own folds all but the newest ``keep_commits`` records into ``<own>/commits/_compacted.json``
-(``through_ms``: every batch up to then that this output committed is committed and fully
-published) and deletes them. The engine re-runs only batches without a commit marker, and
-never more at once than the batches in flight (``concurrent_jobs`` plus ``max_batches_ahead``),
-so a batch older than the ``keep_commits`` newest commits is never re-run unfinished: a
-re-run of one (a restart from an older checkpoint) is recognised as committed through the
-snapshot and writes nothing. Nothing a write or a restart reads grows with the number of
-commits: records are found by name, the snapshot is one small file. Records under the
-output written by releases before 0.2 are left as they are.
+Commit records stay bounded (SPEC E6): at a run's first commit and every ``COMPACT_EVERY``
+commits after it, a thread of the sink's own folds all but the newest ``keep_commits``
+records into ``<own>/commits/_compacted.json`` (``through_ms``: every batch up to then that
+this output committed is committed and fully published) and deletes them. The engine re-runs
+only batches without a commit marker, and never more at once than the batches in flight
+(``concurrent_jobs`` plus ``max_batches_ahead``), so a batch older than the ``keep_commits``
+newest commits is never re-run unfinished: a re-run of one (a restart from an older
+checkpoint) is recognised as committed through the snapshot and writes nothing. Nothing a
+write or a restart reads grows with the number of commits: records are found by name, the
+snapshot is one small file. Records under the output written by releases before 0.2 are left
+as they are.
 """
 
 from __future__ import annotations
@@ -121,7 +122,8 @@ class FileSink(Sink):
         self._compacted_through: int | None = None
         """Every batch up to this time that was committed is compacted (None: not read yet, or none)."""
         self._compacted_read = False
-        self._commits_since_compaction = 0
+        self._commits_since_compaction = COMPACT_EVERY - 1
+        """The first commit of a run compacts what earlier runs left; then every COMPACT_EVERY commits."""
         self._compaction: threading.Thread | None = None
         self.compaction_error: BaseException | None = None
 
