@@ -8,6 +8,7 @@ import logging
 import os
 
 import pytest
+from pyspark.sql.types import IntegerType, StructField, StructType
 
 from batchline.clock import ManualClock
 from batchline.errors import ConfigurationError
@@ -30,7 +31,7 @@ def write(directory, name, modified_s):
 def make_reader(directory, **options) -> FileReader:
     options.setdefault("settle_s", 0)
     options.setdefault("max_file_age", "1 hour")
-    node = FileSource(1000, str(directory), "json", "id int", **options)
+    node = FileSource(1000, str(directory), "json", StructType([StructField("id", IntegerType())]), **options)
     env = RuntimeEnv(None, ManualClock(0), 1000, InputInfoTracker(), None, None, frozenset())  # type: ignore[arg-type]
     return node.create_runtime(env, [])
 
