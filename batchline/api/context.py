@@ -46,6 +46,7 @@ from batchline.sources.generator import GeneratorSource
 from batchline.sources.queue import QueueSource
 from batchline.sources.receiver import Receiver
 from batchline.sources.redis_streams import DEFAULT_SPLIT_SIZE, RedisStreamSource
+from batchline.sources.seen_files import DEFAULT_MAX_FILE_AGE
 from batchline.sources.socket import ReceiverSource, SocketReceiver
 from batchline.sources.source import Source
 from batchline.sources.source_input import SourceInput
@@ -205,19 +206,29 @@ class StreamingContext:
         storage_options: dict[str, Any] | None = None,
         max_files_per_batch: int | None = None,
         bounded: bool = False,
+        max_file_age: object = DEFAULT_MAX_FILE_AGE,
     ) -> FileStream:
         """New files under ``path`` (local or any fsspec URL): json (lines), csv, parquet or text.
 
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
-        A file is taken once it was last modified ``settle`` seconds ago or more.
-        ``max_files_per_batch`` spreads a backlog (after down time) over several batches.
-        ``bounded``: read the files present when the pipeline first starts, then end (a
-        backfill; see ``run_until_finished``).
+        A file is taken once it was last modified ``settle`` seconds ago or more; files are
+        taken oldest first. ``max_files_per_batch`` spreads a backlog (after down time) over
+        several batches. ``bounded``: read the files present when the pipeline first starts,
+        then end (a backfill; see ``run_until_finished``).
+
+        ``max_file_age`` (default ``"7 days"``, as Structured Streaming's ``maxFileAge``): the
+        source remembers the files it read by the newest modification time among them and the
+        names of those modified within ``max_file_age`` of it, so its checkpoint does not grow
+        with the pipeline's age. A file last modified more than ``max_file_age`` before the
+        newest file read is **not read**: one that appears that old (copied with its time kept,
+        or held back that long) is named in a WARN line. Raise ``max_file_age`` to read such
+        files (from then on), or ``touch`` the file. A bounded source reads every file present.
         """
         self._check_can_add()
         node = FileSource(
             self.batch_interval_ms, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
             storage_options=storage_options, max_files_per_batch=max_files_per_batch, bounded=bounded,
+            max_file_age=max_file_age,
         )
         return FileStream(self.graph.add_input(node), self.graph)
 

@@ -16,7 +16,7 @@ from batchline.batch_time import BatchTime
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.sinks.console import ConsoleSink
-from batchline.sinks.files import FileSink
+from batchline.sinks.files import DEFAULT_KEEP_COMMITS, FileSink
 from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink
 from batchline.sources.files import FileSource
 from batchline.sources.queue import QueueSource
@@ -105,10 +105,13 @@ class Stream:
         return self.graph.add_output(self.node, ConsoleSink(num_rows, truncate), name or "console")
 
     def write_files(self, path: str, format: str = "parquet", name: str | None = None,
-                    storage_options: dict[str, Any] | None = None, **options: str) -> OutputOperation:
+                    storage_options: dict[str, Any] | None = None, keep_commits: int = DEFAULT_KEEP_COMMITS,
+                    **options: str) -> OutputOperation:
         """Write every non-empty batch as one directory ``batch_time=<ms>`` under ``path`` (a
-        local path or fsspec URL, with ``storage_options``), exactly once across restarts."""
-        sink = FileSink(path, format, options, storage_options=storage_options)
+        local path or fsspec URL, with ``storage_options``), exactly once across restarts.
+        The newest ``keep_commits`` commit records stay files; older ones are compacted into
+        one snapshot in the background, so they do not pile up over a pipeline's life."""
+        sink = FileSink(path, format, options, storage_options=storage_options, keep_commits=keep_commits)
         return self.graph.add_output(self.node, sink, name or f"files:{path}")
 
     def write_postgres(self, dsn: str, table: str, *, mode: str = "append", key: Sequence[str] = (),

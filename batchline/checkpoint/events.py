@@ -21,23 +21,35 @@ interval grid, and it knows each operator's partitions.
 A torn or corrupt record at the tail (the newest batch) is what a crash mid-write leaves:
 it is dropped with a WARN and the batch runs again. Corruption before the tail is an error
 naming the record.
+
+The log stays bounded (SPEC E6): once no retained checkpoint can re-run a batch, its records
+are deleted (``purge_before``), by the ``EventPurger``'s thread, off the batches' path. A
+purge finds what to delete by name too: ``events/_purged.json`` says where the last one
+stopped, and batch times lie on the interval grid, so no restart and no purge lists the
+folder, except the first purge of a log that an older release kept (it has no such record,
+and may hold every batch of the pipeline's life).
 """
 
 from __future__ import annotations
 
 import logging
 import re
+import threading
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchline.checkpoint.lease import FencedError
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
+from batchline.errors import BatchlineError
 
-__all__ = ["JobEventStore", "PartitionFinished", "OperatorInitialized", "EVENTS"]
+__all__ = ["JobEventStore", "EventPurger", "PurgeRecord", "PartitionFinished", "OperatorInitialized", "EVENTS",
+           "PURGE_RECORD"]
 
 logger = logging.getLogger(__name__)
 
 EVENTS = "events"
+PURGE_RECORD = f"{EVENTS}/_purged.json"
+"""Where the last purge stopped; not a batch folder (those are named by digits only)."""
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,25 @@ class PartitionFinished:
                    payload.get("token"))
 
 
+@dataclass(frozen=True)
+class PurgeRecord:
+    """Where the last purge of the log stopped."""
+
+    next_ms: int
+    """The oldest batch time not purged, on the interval grid: the next purge starts there."""
+    kept_ms: int | None = None
+    """A batch below ``next_ms`` whose records were kept: the newest commit marker, while no
+    later batch has one (it says which state versions are committed)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> PurgeRecord:
+        kept = payload.get("kept_ms")
+        return cls(int(payload["next_ms"]), None if kept is None else int(kept))
+
+
 def _batch_dir(batch_time: int) -> str:
     return f"{EVENTS}/{batch_time:015d}"
 
@@ -104,7 +135,14 @@ class JobEventStore:
     def __init__(self, storage: CheckpointStorage, interval_ms: int | None = None) -> None:
         self.storage = storage
         self.interval_ms = interval_ms
-        """The batch interval, to tell the tail from the records before it (unknown: all is tail)."""
+        """The batch interval, to tell the tail from the records before it (unknown: all is tail),
+        and to find the batches a purge deletes by name."""
+        self._newest_completed: int | None = None
+        """The newest commit marker this store wrote or read: a purge below it need not keep one."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Tasks get the store pickled; what this driver wrote last is no business of theirs.
+        return {"storage": self.storage, "interval_ms": self.interval_ms, "_newest_completed": None}
 
     # ---------------------------------------------------------------- writing
     def batch_started(self, batch_time: int, allocations: dict[str, dict[str, Any]], token: int | None) -> None:
@@ -128,6 +166,8 @@ class JobEventStore:
     def batch_completed(self, batch_time: int, token: int | None, operators: dict[str, Any] | None = None) -> None:
         """The commit marker, with the stateful operators' progress (e.g. event time seen)."""
         self._write_once(_completed(batch_time), {"time": batch_time, "token": token, "operators": operators or {}})
+        if self._newest_completed is None or batch_time > self._newest_completed:
+            self._newest_completed = batch_time
 
     def _write_once(self, name: str, payload: dict[str, Any]) -> None:
         try:
@@ -155,7 +195,10 @@ class JobEventStore:
 
     def completed(self, batch_time: int) -> dict[str, Any] | None:
         """A commit marker's content; None when the batch is not (validly) committed."""
-        return self._read(_completed(batch_time), batch_time)
+        payload = self._read(_completed(batch_time), batch_time)
+        if payload is not None and (self._newest_completed is None or batch_time > self._newest_completed):
+            self._newest_completed = batch_time  # a restart reads the newest marker: purges need not keep one
+        return payload
 
     def is_completed(self, batch_time: int) -> bool:
         return self.completed(batch_time) is not None
@@ -187,13 +230,146 @@ class JobEventStore:
     # ---------------------------------------------------------------- clean-up
     def purge_before(self, threshold_time: int) -> int:
         """Delete the records of batches older than ``threshold_time`` (metadata stays bounded,
-        SPEC E6), except the newest commit marker: it tells which state versions are committed
-        after the batches that wrote them (a finished operator's last one) were purged."""
-        times = sorted((int(name) for name in self.storage.list_names(EVENTS) if name.isdigit()), reverse=True)
-        newest_committed = next((t for t in times if self.is_completed(t)), None)
+        SPEC E6), except the newest commit marker while no later batch has one: it tells which
+        state versions are committed after the batches that wrote them (a finished operator's
+        last one) were purged. Returns how many batches' records were deleted.
+
+        Step 1: read where the last purge stopped (``events/_purged.json``, by name).
+        Step 2: the batches to delete: the interval grid from there up to the threshold, by
+                name; without a record (a log an older release kept) or an interval, a listing.
+        Step 3: choose the commit marker to keep, if one must be kept.
+        Step 4: delete the batches' folders, oldest first.
+        Step 5: replace the record with where this purge stopped; a crash before it only
+                makes the next purge try the same deletes again.
+        """
+        # Step 1
+        record = self._purge_record()
+        # Step 2
+        if record is not None and self.interval_ms:
+            times = list(range(record.next_ms, threshold_time, self.interval_ms))
+            listed = None
+        else:
+            listed = sorted(int(name) for name in self.storage.list_names(EVENTS) if name.isdigit())
+            times = [t for t in listed if t < threshold_time]
+        if not times:
+            return 0
+        # Step 3
+        kept = self._marker_to_keep(times, listed, record, threshold_time)
+        # Step 4
         removed = 0
         for batch_time in times:
-            if batch_time < threshold_time and batch_time != newest_committed:
-                self.storage.delete(_batch_dir(batch_time), recursive=True)
+            if batch_time != kept and self.storage.delete(_batch_dir(batch_time), recursive=True):
                 removed += 1
+        if record is not None and record.kept_ms is not None and record.kept_ms != kept:
+            self.storage.delete(_batch_dir(record.kept_ms), recursive=True)  # a newer marker supersedes it
+        # Step 5
+        next_ms = self._next_on_grid(times[-1], threshold_time)
+        if next_ms is not None:
+            self.storage.replace(PURGE_RECORD, seal(PurgeRecord(next_ms, kept).to_json()))
         return removed
+
+    def _purge_record(self) -> PurgeRecord | None:
+        if not self.storage.exists(PURGE_RECORD):
+            return None
+        try:
+            return PurgeRecord.from_json(self.storage.read_sealed(PURGE_RECORD))
+        except (CorruptFileError, KeyError, TypeError, ValueError) as error:
+            # Only a hint of where to start: a listing finds everything it would have.
+            logger.warning("Ignoring the unreadable purge record %s (%s); this purge lists the event log",
+                           self.storage.full_url(PURGE_RECORD), error)
+            return None
+
+    def _marker_to_keep(self, times: list[int], listed: list[int] | None, record: PurgeRecord | None,
+                        threshold_time: int) -> int | None:
+        """The newest commit marker among ``times`` (or the one kept before), unless a batch at
+        or after the threshold is known to be committed."""
+        if self._newest_completed is not None and self._newest_completed >= threshold_time:
+            return None
+        if listed is not None:  # the whole log is known: as before, the newest marker in it
+            newest = next((t for t in reversed(listed) if self.is_completed(t)), None)
+            return newest if newest is not None and newest < threshold_time else None
+        # Most batches commit: the search from the top usually stops at once.
+        found = next((t for t in reversed(times) if self.is_completed(t)), None)
+        return found if found is not None else (record.kept_ms if record is not None else None)
+
+    def _next_on_grid(self, last: int, threshold_time: int) -> int | None:
+        """The first batch time on the grid of ``last`` at or after the threshold (None without an interval)."""
+        if not self.interval_ms:
+            return None
+        return last + max(1, -(-(threshold_time - last) // self.interval_ms)) * self.interval_ms
+
+
+class PurgeError(BatchlineError):
+    """A purge of the job event log failed (it is tried again with the next request)."""
+
+
+class EventPurger:
+    """Runs ``JobEventStore.purge_before`` on a thread of its own, so no batch waits for the
+    deletes (an object store answers each in tens of milliseconds, and the first purge of a
+    log an older release kept may delete a year of batches). Requests coalesce: the newest
+    threshold wins; a failed purge is logged and tried again with the next request."""
+
+    def __init__(self, events: JobEventStore) -> None:
+        self._events = events
+        self._condition = threading.Condition()
+        self._wanted: int | None = None
+        self._done: int | None = None
+        self._busy = False
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.last_error: BaseException | None = None
+
+    def request(self, threshold_time: int) -> None:
+        """Purge the records of batches before ``threshold_time``, soon, off this thread."""
+        with self._condition:
+            if self._stopping:
+                return
+            if self._wanted is None or threshold_time > self._wanted:
+                self._wanted = threshold_time
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="batchline-event-purge", daemon=True)
+                self._thread.start()
+            self._condition.notify_all()
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        """Wait until every request so far is done; False when ``timeout_s`` passed first."""
+        with self._condition:
+            return self._condition.wait_for(
+                lambda: not self._busy and (self._wanted is None or self._wanted == self._done), timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Finish the purge under way (not the ones requested after it) and end the thread."""
+        with self._condition:
+            self._stopping = True
+            self._condition.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            if thread.is_alive():
+                logger.warning("The job event log purge is still running after %.0f s; it stops with the process, "
+                               "and the next run finishes it", timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._condition:
+                self._condition.wait_for(lambda: self._stopping or self._wanted != self._done)
+                if self._stopping:
+                    return
+                threshold = self._wanted
+                self._busy = True
+            assert threshold is not None
+            try:
+                removed = self._events.purge_before(threshold)
+                if removed:
+                    logger.debug("Purged the job event records of %d batches before %d ms", removed, threshold)
+                self.last_error = None
+            except Exception as error:
+                self.last_error = PurgeError(
+                    f"purging the job event log at {self._events.storage.full_url(EVENTS)} before {threshold} ms "
+                    f"failed: {error}; it is tried again after the next checkpoint. Check the location's "
+                    "permissions if this repeats")
+                logger.warning("%s", self.last_error)
+            with self._condition:
+                self._busy = False
+                self._done = threshold
+                self._condition.notify_all()

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchline.checkpoint.events import JobEventStore
+from batchline.checkpoint.events import EventPurger, JobEventStore
 from batchline.checkpoint.lease import Lease
 from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.storage import CheckpointStorage
@@ -46,6 +46,7 @@ class CheckpointManager:
         self.storage = CheckpointStorage(settings.location, settings.storage_options)
         self.lease = Lease(self.storage, clock, settings.lease_ttl_ms)
         self.events = JobEventStore(self.storage, settings.batch_interval_ms)
+        self.event_purger = EventPurger(self.events)
         self._clock = clock
         self.writer: CheckpointWriter | None = None
         self._on_checkpoint_written = on_checkpoint_written
@@ -76,7 +77,13 @@ class CheckpointManager:
         self.lease.check()
         self.events.batch_completed(batch_time, self.lease.token, operators)
 
+    def purge_events_before(self, threshold_time: int) -> None:
+        """Delete the job event records of batches before ``threshold_time`` on the purger's
+        thread: the caller (the generator's loop) does not wait for the deletes."""
+        self.event_purger.request(threshold_time)
+
     def close(self) -> None:
         if self.writer is not None:
             self.writer.stop()
+        self.event_purger.stop()
         self.lease.release()

@@ -241,11 +241,13 @@ class CheckpointStorage:
             raise
         fsync_path(directory)
 
-    def delete(self, relative: str, recursive: bool = False) -> None:
+    def delete(self, relative: str, recursive: bool = False) -> bool:
+        """Delete a file (or a folder, ``recursive``); False when the store says it was not there."""
         try:
             self.fs.rm(self.path(relative), recursive=recursive)
         except FileNotFoundError:
-            pass
+            return False
+        return True
 
     def list_names(self, relative_dir: str) -> list[str]:
         """Names in a folder, for recovery only (never to find what this process just wrote)."""

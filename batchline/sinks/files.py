@@ -27,6 +27,18 @@ for the record first: with a record, what is missing is published from the stagi
 nothing is computed or written anew; without one, nothing of the batch was published yet,
 so it is written from scratch and leftovers of the crashed attempt are discarded. Each
 batch ends up complete, exactly once.
+
+Commit records stay bounded (SPEC E6): at a run's first commit and every ``COMPACT_EVERY``
+commits after it, a thread of the sink's own folds all but the newest ``keep_commits``
+records into ``<own>/commits/_compacted.json`` (``through_ms``: every batch up to then that
+this output committed is committed and fully published) and deletes them. The engine re-runs
+only batches without a commit marker, and never more at once than the batches in flight
+(``concurrent_jobs`` plus ``max_batches_ahead``), so a batch older than the ``keep_commits``
+newest commits is never re-run unfinished: a re-run of one (a restart from an older
+checkpoint) is recognised as committed through the snapshot and writes nothing. Nothing a
+write or a restart reads grows with the number of commits: records are found by name, the
+snapshot is one small file. Records under the output written by releases before 0.2 are left
+as they are.
 """
 
 from __future__ import annotations
@@ -38,6 +50,7 @@ import logging
 import os
 import signal
 import tempfile
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, date, datetime, time
@@ -63,6 +76,11 @@ FILE_SINK_FORMATS = ("parquet", "json")
 STAGING_DIR = "staging"
 COMMITS_DIR = "commits"
 """Both in the sink's own directory beside the output (``own_location``), never under it."""
+COMPACTED_RECORD = f"{COMMITS_DIR}/_compacted.json"
+"""The snapshot of the records compacted away (not a record: those are named by digits only)."""
+DEFAULT_KEEP_COMMITS = 1000
+COMPACT_EVERY = 100
+"""Commits of a run between two compactions: a compaction lists the commit records once."""
 LEGACY_STAGING_DIR = "_staging"
 LEGACY_COMMITS_DIR = "_batchline/commits"
 """Where releases before 0.2 kept them, under the output: still honoured, never written."""
@@ -80,7 +98,13 @@ class FileSink(Sink):
     on a local path or any fsspec URL (``storage_options`` for its file system)."""
 
     def __init__(self, path: str, format: str = "parquet", options: dict[str, Any] | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, keep_commits: int = DEFAULT_KEEP_COMMITS) -> None:
+        """``keep_commits``: how many of the newest commit records stay files of their own; the
+        older ones are compacted. It must exceed the batches that can be in flight at once
+        (``concurrent_jobs`` plus ``max_batches_ahead``), which is far below the default."""
+        if keep_commits < 1:
+            raise ConfigurationError(f"keep_commits must be at least 1; got {keep_commits}. Keep the default "
+                                     f"({DEFAULT_KEEP_COMMITS}) unless more batches than that run at once")
         if format not in FILE_SINK_FORMATS:
             raise ConfigurationError(
                 f"file output format {format!r} is not supported; use one of {', '.join(FILE_SINK_FORMATS)}"
@@ -94,12 +118,27 @@ class FileSink(Sink):
         self._storage = CheckpointStorage(self.path, self.storage_options)
         self._own = CheckpointStorage(own_location(self.path), self.storage_options)
         self._last_commit: int | None = None
+        self.keep_commits = keep_commits
+        self._compacted_through: int | None = None
+        """Every batch up to this time that was committed is compacted (None: not read yet, or none)."""
+        self._compacted_read = False
+        self._commits_since_compaction = COMPACT_EVERY - 1
+        """The first commit of a run compacts what earlier runs left; then every COMPACT_EVERY commits."""
+        self._compaction: threading.Thread | None = None
+        self.compaction_error: BaseException | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A thread does not pickle; a copy of the sink (a task's) never compacts.
+        state = dict(self.__dict__)
+        state["_compaction"] = None
+        return state
 
     def last_commit(self) -> dict[str, Any]:
         """The newest batch committed to this output, for a finished pipeline's final
         checkpoint (SPEC G3); found among the commit records when this run committed none."""
         last = self._last_commit
         if last is None:
+            # Bounded: compaction leaves about keep_commits records.
             names = self._own.list_names(COMMITS_DIR) + self._storage.list_names(LEGACY_COMMITS_DIR)
             last = max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=None)
         record = None
@@ -127,6 +166,11 @@ class FileSink(Sink):
         batch_time = BatchTime(time_ms)
         # Step 1
         record = self._read_record(time_ms)
+        if record is not None and record.get("compacted"):
+            logger.info("Batch %s was committed to %s before and its record compacted (%s): it is complete; "
+                        "nothing is written again", batch_time, self.path, self._own.full_url(COMPACTED_RECORD))
+            self._drop_staging(time_ms)
+            return
         if record is not None:
             logger.info("Batch %s was committed to %s before; completing it without writing it again",
                         batch_time, self.path)
@@ -183,7 +227,7 @@ class FileSink(Sink):
             logger.warning("Batch %d was committed to %s by another writer meanwhile; completing its commit and "
                            "discarding this one", time_ms, self.path)
             self._own.delete(record["staging"], recursive=True)
-            found = self._read_record(time_ms)
+            found = self._find_record(time_ms)
             if found is None:
                 raise SinkError(
                     f"the commit record {self._own.full_url(_record_name(time_ms))} of batch {time_ms} "
@@ -195,10 +239,97 @@ class FileSink(Sink):
         # Step 6
         self._drop_staging(time_ms)
         self._last_commit = max(time_ms, self._last_commit or time_ms)
+        self._commits_since_compaction += 1
+        if self._commits_since_compaction >= COMPACT_EVERY:
+            self.compact_in_background()
+
+    # ---------------------------------------------------------------- compaction
+    def compact_in_background(self) -> None:
+        """Start a compaction on a thread of its own, unless one is running (batches do not wait)."""
+        if self._compaction is not None and self._compaction.is_alive():
+            return
+        self._commits_since_compaction = 0
+        self._compaction = threading.Thread(target=self._compact_logged, name="batchline-commit-compaction",
+                                            daemon=True)
+        self._compaction.start()
+
+    def _compact_logged(self) -> None:
+        try:
+            self.compact()
+            self.compaction_error = None
+        except Exception as error:
+            self.compaction_error = SinkError(
+                f"compacting the commit records of {self.path} in {self._own.full_url(COMMITS_DIR)} failed: {error}; "
+                f"batches go on, and it is tried again after {COMPACT_EVERY} more commits. Check the location's "
+                "permissions if this repeats")
+            logger.warning("%s", self.compaction_error)
+
+    def compact(self) -> int:
+        """Fold all but the newest ``keep_commits`` records into the snapshot; returns how many.
+
+        Step 1: list the records (a record this run wrote a moment ago may be missing from the
+                listing: it is then kept, which is always safe).
+        Step 2: those older than the ``keep_commits`` newest go.
+        Step 3: replace the snapshot with the newest of them (``through_ms`` never moves back).
+        Step 4: delete them; a crash before this only leaves them for the next compaction.
+        """
+        # Step 1
+        times = sorted(int(n.split(".")[0]) for n in self._own.list_names(COMMITS_DIR) if n.split(".")[0].isdigit())
+        # Step 2
+        old = times[: max(0, len(times) - self.keep_commits)]
+        if not old:
+            return 0
+        # Step 3
+        through = max(old[-1], self._read_compacted_through() or old[-1])
+        self._own.replace(COMPACTED_RECORD, seal({"through_ms": through}))
+        self._compacted_through = through
+        # Step 4
+        for time_ms in old:
+            self._own.delete(_record_name(time_ms))
+        logger.debug("Compacted %d commit records of %s through batch %d", len(old), self.path, through)
+        return len(old)
+
+    def wait_for_compaction(self, timeout_s: float) -> bool:
+        """Wait for a compaction under way; False when it is still running after ``timeout_s``."""
+        thread = self._compaction
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
+    def close(self) -> None:
+        if not self.wait_for_compaction(10.0):
+            logger.warning("Compacting the commit records of %s still runs after 10 s; it stops with the process, and "
+                           "a later run compacts them again", self.path)
+
+    def _read_compacted_through(self) -> int | None:
+        """The snapshot's ``through_ms``, read once per run (this sink updates it itself after)."""
+        if not self._compacted_read:
+            self._compacted_read = True
+            if self._own.exists(COMPACTED_RECORD):
+                try:
+                    through = int(self._own.read_sealed(COMPACTED_RECORD)["through_ms"])
+                except (CorruptFileError, KeyError, TypeError, ValueError) as error:
+                    raise SinkError(
+                        f"the commit snapshot {self._own.full_url(COMPACTED_RECORD)} is unreadable ({error}); it "
+                        "tells which old batches are committed. Restore it from a backup, or write a new one with "
+                        'the newest batch time of the deleted records: {"through_ms": <ms>}') from error
+                if self._compacted_through is None or through > self._compacted_through:
+                    self._compacted_through = through
+        return self._compacted_through
 
     def _read_record(self, time_ms: int) -> dict[str, Any] | None:
         """The batch's commit record, in the sink's own directory or (written by a release
-        before 0.2) under the output, marked ``legacy`` then."""
+        before 0.2) under the output, marked ``legacy`` then; ``{"compacted": True}`` for a
+        batch at or before the snapshot's ``through_ms`` whose record was compacted away."""
+        record = self._find_record(time_ms)
+        if record is None:
+            through = self._read_compacted_through()
+            if through is not None and time_ms <= through:
+                return {"batch_time": time_ms, "compacted": True}
+        return record
+
+    def _find_record(self, time_ms: int) -> dict[str, Any] | None:
         for storage, name in ((self._own, _record_name(time_ms)), (self._storage, _legacy_record_name(time_ms))):
             if not storage.exists(name):
                 continue

@@ -4,6 +4,15 @@ A file is taken once it is complete: not hidden (``.``/``_``), not a temporary n
 last modified at least ``settle_s`` ago (a writer that pauses longer than that should write
 under a hidden or temporary name and rename when done). Each batch's rows are parsed in Spark; bad lines become dead
 letters with their reason and raw text.
+
+What a running source remembers stays bounded however long it runs (SPEC E6): as Structured
+Streaming's file source, it remembers the files it read by a watermark on their modification
+time (the newest read) and the names of those modified within ``max_file_age`` of it
+(``seen_files.SeenFiles``). Files are taken oldest first, so the watermark follows the
+backlog. A file that turns up last modified before ``watermark - max_file_age`` (copied with
+its old time kept, or held back longer than that) is **not read**: it is logged at WARN with
+its name and the setting to change (raise ``max_file_age``, or ``touch`` the file to give it
+a new time). A bounded source reads every file present at its first start, whatever its age.
 """
 
 from __future__ import annotations
@@ -12,6 +21,7 @@ import json
 import logging
 import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 import fsspec
@@ -22,10 +32,12 @@ from pyspark.sql.types import StringType, StructField, StructType
 
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.storage import RawJson
+from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError, SourceError
 from batchline.scheduler.job import Job, JobKind
 from batchline.sources import parsing
 from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
+from batchline.sources.seen_files import DEFAULT_MAX_FILE_AGE, SeenFiles, mtime_ms
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
 
 __all__ = ["FileSource", "FileReader", "FORMATS"]
@@ -35,14 +47,6 @@ logger = logging.getLogger(__name__)
 FORMATS = ("json", "csv", "parquet", "text")
 _TEMPORARY_SUFFIXES = (".tmp", ".temp", "._copying_", ".crc", ".part", ".inprogress", ".swp", ".partial")
 _DEAD_LETTERS_LOGGED_PER_BATCH = 20
-
-
-def _mtime(info: dict[str, Any]) -> float:
-    for key in ("mtime", "LastModified", "last_modified", "modified", "created"):
-        value = info.get(key)
-        if value is not None:
-            return value.timestamp() if hasattr(value, "timestamp") else float(value)
-    return 0.0
 
 
 def _is_visible(name: str) -> bool:
@@ -55,6 +59,14 @@ class FileSource(InputNode):
 
     ``bounded``: only the files present when the pipeline first starts (settled or not; the
     list is kept in the checkpoint, so a restart reads the same set), then the input ends.
+
+    ``max_file_age`` (default 7 days, as Structured Streaming's ``maxFileAge``): files last
+    modified more than that before the newest file read are ignored, and their names
+    forgotten, so the checkpoint holds the names of about that much input, not of every file
+    ever read. A file that appears with a modification time older than that is not read and
+    is named in a WARN line; raise ``max_file_age`` (it widens what is remembered from then
+    on; files already forgotten stay forgotten, so none is read twice) or ``touch`` the file.
+    Not used by a bounded source, which reads every file present at its start.
     """
 
     replayable = True
@@ -72,6 +84,7 @@ class FileSource(InputNode):
         storage_options: dict[str, Any] | None = None,
         max_files_per_batch: int | None = None,
         bounded: bool = False,
+        max_file_age: object = DEFAULT_MAX_FILE_AGE,
     ) -> None:
         if max_files_per_batch is not None and max_files_per_batch <= 0:
             raise ConfigurationError(f"max_files_per_batch must be positive; got {max_files_per_batch}")
@@ -93,6 +106,7 @@ class FileSource(InputNode):
         self.settle_s = settle_s
         self.storage_options = dict(storage_options or {})
         self.max_files_per_batch = max_files_per_batch
+        self.max_file_age_ms = parse_duration_ms(max_file_age, "max_file_age", allow_zero=True)
         self.dead_letters = DeadLetterNode(self)
 
     def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> FileReader:
@@ -100,7 +114,7 @@ class FileSource(InputNode):
 
 
 class FileReader(InputRuntime, DeadLetterReader):
-    """A file source's run: the names it has taken, each batch's files, their parsed rows."""
+    """A file source's run: the files it has taken, each batch's files, their parsed rows."""
 
     node: FileSource
 
@@ -108,9 +122,14 @@ class FileReader(InputRuntime, DeadLetterReader):
         super().__init__(node, env, parents)
         self._fs, self._root = fsspec.core.url_to_fs(node.path, **node.storage_options)
         self._protocol = node.path.split("://", 1)[0] if "://" in node.path else "file"
-        self._seen: set[str] = set()
-        self._seen_json = bytearray()  # the seen names, JSON-encoded as they arrive
+        self._prefix = self._root.rstrip("/") + "/"
+        self._seen = SeenFiles(node.max_file_age_ms)
+        """The files read (unbounded): a watermark and the names near it, by base name."""
+        self._known_old: set[str] | None = None
+        """Names last listed as modified before the horizon (None before this run's first
+        listing): one that is not among them turned up late, and is named in a WARN line."""
         self._batch_files: dict[int, list[str]] = {}
+        self._batch_mtimes: dict[int, list[int]] = {}
         self._parsed: dict[int, CountedBatch] = {}
         self._parser: parsing.LineParser | None = None
         self._counting: tuple[Column, list[Column], list[Column]] | None = None
@@ -118,82 +137,186 @@ class FileReader(InputRuntime, DeadLetterReader):
         self._listing: list[str] | None = None
         """A bounded source's files: those present at its first start, in name order."""
         self._listing_json = b"[]"
+        self._listing_index: dict[str, int] = {}
+        self._taken = 0
+        """How many of the listing's files batches have taken: always its first ones."""
 
     def open(self) -> None:
         if self.node.bounded and self._listing is None:
-            self._set_listing(self._list(settled_before=None))
+            self._set_listing([name for name, _ in self._list(settled_before=None)])
             logger.info("Bounded input %s reads the %d files present at start under %s", self.name,
                         len(self._listing or ()), self.node.path)
 
     def _set_listing(self, names: list[str]) -> None:
         self._listing = sorted(names)
         self._listing_json = json.dumps(self._listing).encode()
+        self._listing_index = {name: index for index, name in enumerate(self._listing)}
+
+    def _key(self, name: str) -> str:
+        """How a file is remembered: its base name when it lies directly under the path (as
+        every listed file does), which keeps the checkpoint small; else its whole name."""
+        base = name[len(self._prefix):] if name.startswith(self._prefix) else ""
+        return base if base and "/" not in base else name
 
     # ---------------------------------------------------------------- allocation
     def list_new_files(self) -> list[str]:
-        """Complete files not taken yet, in name order (a bounded source's from its listing)."""
+        """Complete files not taken yet, oldest first (a bounded source's in name order, from its listing)."""
+        return [name for name, _ in self._new_files()]
+
+    def _new_files(self) -> list[tuple[str, int]]:
+        """(name, modification time in ms) of the files the next batch may take, in the order it takes them."""
         if self._listing is not None:
-            return [name for name in self._listing if name not in self._seen]
-        return self._list(settled_before=time.time() - self.node.settle_s)  # file times are wall-clock times
+            return [(name, 0) for name in self._listing[self._taken:]]
+        new: list[tuple[int, str]] = []
+        old: set[str] = set()
+        for name, modified in self._list(settled_before=time.time() - self.node.settle_s):  # wall-clock file times
+            key = self._key(name)
+            if key in self._seen:
+                continue
+            if self._seen.too_old(modified):
+                old.add(key)
+            else:
+                new.append((modified, name))
+        self._note_too_old(old)
+        return [(name, modified) for modified, name in sorted(new)]
+
+    def _note_too_old(self, old: set[str]) -> None:
+        """Name the files that turned up already older than the horizon: they are not read."""
+        if self._known_old is None:
+            if old:
+                # Mostly files read long ago and forgotten; a restart cannot tell a late one among them.
+                logger.info("Input %s: %d files under %s were last modified before %s (max_file_age=%s before the "
+                            "newest file read) and are not read", self.name, len(old), self.node.path,
+                            _when(self._seen.horizon_ms), _age(self.node.max_file_age_ms))
+        else:
+            for key in sorted(old - self._known_old):
+                logger.warning(
+                    "Input %s ignores file %s: it appeared last modified before %s, which is more than max_file_age="
+                    "%s before the newest file read, so it may have been read and forgotten. To read such files, "
+                    "raise max_file_age on file_stream(...), or touch the file to give it a new modification time",
+                    self.name, self._prefix + key if "/" not in key else key, _when(self._seen.horizon_ms),
+                    _age(self.node.max_file_age_ms))
+        self._known_old = old
 
     def exhausted(self) -> bool:
-        return self._listing is not None and not self.list_new_files()
+        return self._listing is not None and self._taken >= len(self._listing)
 
-    def _list(self, settled_before: float | None) -> list[str]:
+    def _list(self, settled_before: float | None) -> list[tuple[str, int]]:
+        """Visible files under the path, with their modification times (ms); with ``settled_before``
+        only those last modified at or before then (epoch seconds)."""
         try:
             entries = self._fs.ls(self._root, detail=True)
         except FileNotFoundError:
             entries = []
         except OSError as error:
             raise SourceError(f"cannot list {self.node.path}: {error}; check the path and its permissions") from error
-        return sorted(
-            e["name"]
-            for e in entries
-            if e.get("type") == "file"
-            and _is_visible(e["name"])
-            and e["name"] not in self._seen
-            and (settled_before is None or _mtime(e) <= settled_before)
-        )
+        settled_ms = None if settled_before is None else settled_before * 1000
+        listed = []
+        for entry in entries:
+            if entry.get("type") != "file" or not _is_visible(entry["name"]):
+                continue
+            modified = mtime_ms(entry)
+            if settled_ms is None or modified <= settled_ms:
+                listed.append((str(entry["name"]), modified))
+        return sorted(listed)
 
     def allocate(self, batch_time: int) -> None:
-        files = self.list_new_files()[: self.node.max_files_per_batch]
-        if files:
-            logger.info("Batch %s takes %d new files from %s", format_batch_time(batch_time), len(files),
+        taken = self._new_files()[: self.node.max_files_per_batch]
+        if taken:
+            logger.info("Batch %s takes %d new files from %s", format_batch_time(batch_time), len(taken),
                         self.node.path)
-        self.restore_allocation(batch_time, {"files": files}, advance=True)
+        taken.sort()  # read in name order
+        allocation: dict[str, Any] = {"files": [name for name, _ in taken]}
+        if self._listing is None:
+            allocation["mtimes"] = [modified for _, modified in taken]
+        self.restore_allocation(batch_time, allocation, advance=True)
 
     def allocation(self, batch_time: int) -> dict[str, Any]:
-        return {"files": self._batch_files[batch_time]}
+        allocation: dict[str, Any] = {"files": self._batch_files[batch_time]}
+        if batch_time in self._batch_mtimes:
+            allocation["mtimes"] = self._batch_mtimes[batch_time]
+        return allocation
 
     def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
         files = list(allocation["files"])
         self._batch_files[batch_time] = files
+        mtimes = allocation.get("mtimes")
+        if mtimes is not None:
+            self._batch_mtimes[batch_time] = [int(m) for m in mtimes]
         if advance:
-            self._remember_seen(files)
+            self._advance(files, self._batch_mtimes.get(batch_time))
         self.report(batch_time, None if files else 0, metadata={"files": files})
 
-    def _remember_seen(self, files: list[str]) -> None:
-        for name in files:
-            if name not in self._seen:
-                self._seen.add(name)
-                self._seen_json += (b"," if self._seen_json else b"") + json.dumps(name).encode()
+    def _advance(self, files: list[str], mtimes: list[int] | None) -> None:
+        """Move the position past a batch's files."""
+        if self._listing is not None:
+            taken = [self._listing_index[name] for name in files if name in self._listing_index]
+            self._taken = max([self._taken, *(index + 1 for index in taken)])
+            return
+        if mtimes is None:  # logged by a release before max_file_age: look the times up
+            mtimes = self._times_now(files)
+        for name, modified in zip(files, mtimes, strict=True):
+            self._seen.add(self._key(name), modified)
+        forgotten = self._seen.purge()
+        if forgotten and self._known_old is not None:
+            self._known_old.update(forgotten)  # read, then forgotten: not a late file
+
+    def _times_now(self, files: list[str]) -> list[int]:
+        """The files' modification times as listed now; a file gone from the path gets the
+        newest time read so far (it cannot be listed, so it is never read again anyway)."""
+        listed = dict(self._list(settled_before=None))
+        fallback = self._seen.watermark_ms or 0
+        return [listed.get(name, fallback) for name in files]
 
     def snapshot(self) -> dict[str, Any]:
-        # Kept encoded as it grows: a checkpoint costs a copy of it, not an encoding.
-        snapshot: dict[str, Any] = {"seen": RawJson(b"[" + bytes(self._seen_json) + b"]")}
         if self._listing is not None:
-            snapshot["listing"] = RawJson(self._listing_json)
-        return snapshot
+            # Kept encoded: a checkpoint costs a copy of the listing, not an encoding.
+            return {"listing": RawJson(self._listing_json), "taken": self._taken}
+        return {"seen_files": self._seen.to_json()}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        self._seen, self._seen_json = set(), bytearray()
-        self._remember_seen(list(snapshot["seen"]))
         if self.node.bounded and "listing" in snapshot:
             self._set_listing(list(snapshot["listing"]))
+            self._taken = int(snapshot["taken"]) if "taken" in snapshot else self._legacy_taken(snapshot)
+        elif "seen_files" in snapshot:
+            self._seen = SeenFiles.from_json(snapshot["seen_files"], self.node.max_file_age_ms)
+        else:
+            self._restore_legacy(list(snapshot.get("seen", ())))
+        self._known_old = None
+
+    def _legacy_taken(self, snapshot: dict[str, Any]) -> int:
+        """A bounded source's position in a checkpoint of a release before max_file_age: the
+        names it had read, always the first ones of its listing."""
+        seen = set(snapshot.get("seen", ()))
+        listing = self._listing or []
+        return next((index for index, name in enumerate(listing) if name not in seen), len(listing))
+
+    def _restore_legacy(self, seen: list[str]) -> None:
+        """Convert a checkpoint of a release before max_file_age, which names every file ever
+        read, without reading any file twice or skipping one that release would have read: the
+        watermark is the newest time among the named files still present, and the horizon is
+        ``watermark - max_file_age``, or earlier when an unread file is older than that."""
+        listed = self._list(settled_before=None)
+        read = {self._key(name) for name in seen}
+        restored = SeenFiles(self.node.max_file_age_ms)
+        unread_times = []
+        for name, modified in listed:
+            if self._key(name) in read:
+                restored.add(self._key(name), modified)
+            else:
+                unread_times.append(modified)
+        if restored.watermark_ms is not None:
+            restored.start_at(min([restored.watermark_ms - self.node.max_file_age_ms, *unread_times]))
+        self._seen = restored
+        logger.info("Input %s: converted the checkpoint's %d names of files read to a watermark at %s with the %d "
+                    "files modified within max_file_age=%s of it (names no longer under %s are dropped: they "
+                    "cannot be listed, so they are not read again)", self.name, len(seen),
+                    _when(restored.watermark_ms), len(restored), _age(self.node.max_file_age_ms), self.node.path)
 
     def forget_before(self, threshold_time: int) -> None:
         for batch_time in [t for t in self._batch_files if t <= threshold_time]:
             del self._batch_files[batch_time]
+            self._batch_mtimes.pop(batch_time, None)
 
     # ---------------------------------------------------------------- reading
     def _url(self, name: str) -> str:
@@ -312,3 +435,14 @@ class FileReader(InputRuntime, DeadLetterReader):
         )
         for row in rows:
             logger.warning("Dead letter from %s: %s | raw: %s", row.source, row.reason, row.raw_record)
+
+
+def _when(ms: int | None) -> str:
+    return "(none yet)" if ms is None else datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds")
+
+
+def _age(ms: int) -> str:
+    for unit, size in (("days", 86_400_000), ("hours", 3_600_000), ("minutes", 60_000)):
+        if ms and ms % size == 0:
+            return f"{ms // size} {unit}"
+    return f"{ms / 1000:g} s"
