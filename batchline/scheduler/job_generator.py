@@ -334,10 +334,10 @@ class JobGenerator:
         if manager is not None and oldest is not None:
             # Any retained checkpoint may be the one a restart falls back to: keep the batch
             # log back to its oldest pending batch, and as far back as windows reach. Several
-            # coalesced checkpoints report back at once; list the log only when the bound moved.
+            # coalesced checkpoints report back at once; purge (off this loop) only when the bound moved.
             threshold = oldest - self._batches.max_input_remember_ms
             if threshold != self._purged_before:
-                manager.events.purge_before(threshold)
+                manager.purge_events_before(threshold)
                 self._purged_before = threshold
 
     def _clear_trackers_and_mark_processed(self, time: int) -> None:
