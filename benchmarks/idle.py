@@ -13,7 +13,8 @@ a processing-time timeout of ``--timeout`` seconds, and nothing more arrives.
 
 Measured, after the first batch and ``--warmup`` seconds: the CPU of the engine's whole
 process tree (driver, JVM, Python workers) over ``--idle`` seconds, in % of one core; then how
-long after its deadline, by the wall clock, each engine emitted the timed-out sessions.
+long after its deadline, by the wall clock, each engine emitted the timed-out sessions, and
+in which batch (its time after the deadline: both fire in the first batch strictly after it).
 
     python -m benchmarks.idle [--keys 900] [--idle 60] [--warmup 10] [--timeout 90]
 """
@@ -39,9 +40,8 @@ PARTITIONS = 4
 
 
 # ------------------------------------------------------------------ the measuring parent
-def tree_cpu_seconds(root: int) -> float:
-    """CPU seconds used so far by ``root`` and every process below it (reaped children too)."""
-    ticks = os.sysconf("SC_CLK_TCK")
+def tree_cpu_ticks(root: int) -> dict[int, int]:
+    """CPU clock ticks used so far by ``root`` and by each process below it, by pid."""
     parent_of: dict[int, int] = {}
     used: dict[int, int] = {}
     for entry in os.listdir("/proc"):
@@ -53,7 +53,7 @@ def tree_cpu_seconds(root: int) -> float:
             continue
         fields = text[text.rindex(")") + 2:].split()
         parent_of[int(entry)] = int(fields[1])
-        used[int(entry)] = sum(int(f) for f in fields[11:15])  # utime, stime, cutime, cstime
+        used[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
     tree, frontier = {root}, [root]
     while frontier:
         pid = frontier.pop()
@@ -61,7 +61,21 @@ def tree_cpu_seconds(root: int) -> float:
             if parent == pid and child not in tree:
                 tree.add(child)
                 frontier.append(child)
-    return sum(used.get(pid, 0) for pid in tree) / ticks
+    return {pid: used[pid] for pid in tree if pid in used}
+
+
+def idle_cpu_seconds(root: int, seconds: float) -> float:
+    """CPU seconds the tree used over ``seconds``, sampled every second per process, so that a
+    process that ends meanwhile (Spark stops Python workers idle for a minute) counts what it
+    used until its last sample, and one that starts counts from zero."""
+    first = tree_cpu_ticks(root)
+    last = dict(first)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(min(1.0, max(0.0, deadline - time.monotonic())))
+        last.update(tree_cpu_ticks(root))
+    used = sum(ticks - first.get(pid, 0) for pid, ticks in last.items())
+    return used / os.sysconf("SC_CLK_TCK")
 
 
 def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -79,9 +93,9 @@ def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
             print(f"  {engine}: {event}", flush=True)
             if event["event"] == "ready":
                 time.sleep(args.warmup)
-                before, started = tree_cpu_seconds(child.pid), time.monotonic()
-                time.sleep(args.idle)
-                used, elapsed = tree_cpu_seconds(child.pid) - before, time.monotonic() - started
+                started = time.monotonic()
+                used = idle_cpu_seconds(child.pid, args.idle)
+                elapsed = time.monotonic() - started
                 result["idle_cpu_percent_of_one_core"] = round(100 * used / elapsed, 2)
                 result["idle_seconds"] = round(elapsed, 1)
                 print(f"  {engine}: {result['idle_cpu_percent_of_one_core']}% of one core over {elapsed:.0f} s",
@@ -89,6 +103,7 @@ def measure(engine: str, args: argparse.Namespace) -> dict[str, Any]:
             elif event["event"] == "closed":
                 result["timed_out_sessions"] = event["sessions"]
                 result["timeout_lateness_s"] = round(event["lateness_s"], 2)
+                result["fired_in_batch_after_deadline_s"] = round(event["batch_after_deadline_s"], 2)
                 break
     finally:
         child.terminate()
@@ -133,8 +148,9 @@ def run_batchline(keys: int, timeout_s: int, work: Path) -> None:
     def closed(df: Any, batch_time: Any) -> None:
         sessions = df.count()
         if sessions:
-            say(event="closed", sessions=sessions,
-                lateness_s=time.time() - (opened["batch_time"] + timeout_s * 1000) / 1000)
+            deadline_ms = opened["batch_time"] + timeout_s * 1000
+            say(event="closed", sessions=sessions, lateness_s=time.time() - deadline_ms / 1000,
+                batch_after_deadline_s=(int(batch_time) - deadline_ms) / 1000)
 
     def first_batch(df: Any, batch_time: Any) -> None:
         if "batch_time" not in opened and df.count():
@@ -177,10 +193,12 @@ def run_structured_streaming(keys: int, timeout_s: int, work: Path) -> None:
 
     opened: dict[str, float] = {}
 
+    fired: dict[str, Any] = {}
+
     def closed(df: Any, batch_id: int) -> None:
         sessions = df.count()
-        if sessions:
-            say(event="closed", sessions=sessions, lateness_s=time.time() - (opened["at"] + timeout_s))
+        if sessions and not fired:
+            fired.update(batch_id=batch_id, sessions=sessions, at=time.time())
 
     stream = spark.readStream.schema(USER_EVENT_SCHEMA).json(str(work / "in"))
     query = (stream.groupBy("id")
@@ -190,12 +208,27 @@ def run_structured_streaming(keys: int, timeout_s: int, work: Path) -> None:
     while "at" not in opened:
         for progress in query.recentProgress:
             if progress["numInputRows"] > 0:
-                # The batch that read the events ended here; its sessions' deadlines start then.
-                opened["at"] = time.time() - progress["durationMs"].get("triggerExecution", 0) / 1000
+                opened["at"] = _epoch_s(progress["timestamp"])  # the batch timestamp deadlines start from
                 say(event="ready", batch_id=progress["batchId"])
                 break
         time.sleep(0.2)
+    # The batch's progress (its timestamp) is recorded only after foreachBatch returned.
+    while True:
+        progress = [p for p in query.recentProgress if fired and p["batchId"] == fired["batch_id"]]
+        if progress:
+            deadline = opened["at"] + timeout_s  # as Spark sets it: the opening batch's timestamp plus the duration
+            say(event="closed", sessions=fired["sessions"], lateness_s=fired["at"] - deadline,
+                batch_after_deadline_s=_epoch_s(progress[0]["timestamp"]) - deadline)
+            break
+        time.sleep(0.2)
     query.awaitTermination()
+
+
+def _epoch_s(timestamp: str) -> float:
+    """A progress record's ISO timestamp (``2026-11-24T10:00:00.123Z``) in epoch seconds."""
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(timestamp.replace("Z", "+00:00")).timestamp()
 
 
 def main() -> None:

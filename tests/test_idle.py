@@ -7,7 +7,7 @@ from batchline import StreamingContext
 from batchline.clock import ManualClock
 from batchline.state import GroupStateTimeout
 from batchline.state.store import FileStateStore
-from batchline.testing import BatchRecorder, CollectSink, list_stream
+from batchline.testing import BatchHarness, BatchRecorder, CollectSink, list_stream
 
 START, INTERVAL = 100_000, 1000
 PARTITIONS = 4
@@ -105,3 +105,57 @@ def test_idle_batches_run_no_job_and_due_timers_run_only_their_partitions_across
     progress = {p.batch_time: p for p in ssc.recent_progress}
     assert progress[START + 4000].state_operators[0].state_keys == len(KEYS)  # as the last batch left it
     assert progress[START + 7000].state_operators[0].state_keys == 0
+
+
+def test_a_union_and_a_window_over_an_operator_that_skips_batches_lose_nothing(spark, tmp_path):
+    """The operator skips batches while another input of a union has rows, and a window reads
+    skipped batches: decided when the batch is generated (the batch before has committed), and
+    when its job runs (generated together with a batch still running)."""
+    clock = ManualClock(START)
+    ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=str(tmp_path / "checkpoint"))
+    recorder, unioned, windowed = BatchRecorder(), CollectSink(), CollectSink()
+    ssc.add_listener(recorder)
+    events = list_stream(ssc, [[(k, 1) for k in KEYS[:4]]] + [[] for _ in range(10)], "key string, n long")
+    others = list_stream(ssc, [[], [("x", 0, 0)], [], [("y", 0, 0)]] + [[] for _ in range(10)],
+                         "key string, count long, closed_in long", name="others")
+    sessions = events.group_by_key("key").flat_map_groups_with_state(
+        closing_sessions, state_schema="count long", output_schema="key string, count long, closed_in long",
+        name="sessions", num_partitions=PARTITIONS, timeout=GroupStateTimeout.PROCESSING_TIME)
+    sessions.union(others).foreach_batch(unioned, name="unioned")
+    sessions.window("3s").foreach_batch(windowed, name="windowed")
+    ssc.start()
+    try:
+        clock.advance(2 * INTERVAL)  # 101000 (rows) and 102000 generated at once: 102000's skip is decided as it runs
+        for t in (START + 1000, START + 2000):
+            assert recorder.wait_for_batch(t, 120).failure is None
+        run_until(ssc, clock, recorder, START + 7000)
+    finally:
+        ssc.stop()
+    closed = [{"key": k, "count": 1, "closed_in": START + 5000} for k in sorted(KEYS[:4])]
+    # 101000 ran the operator (rows came, nothing closed): its outputs are called, with no row.
+    assert unioned.batches == {START + 1000: [], START + 2000: [{"key": "x", "count": 0, "closed_in": 0}],
+                               START + 4000: [{"key": "y", "count": 0, "closed_in": 0}],
+                               START + 5000: closed}
+    # Windows of three batches: those that reach back to 101000 (no row) or to 105000's closed
+    # sessions; the window of 102000 to 104000 holds only skipped batches and is not called.
+    assert windowed.batches == {START + 1000: [], START + 2000: [], START + 3000: [],
+                                **{t: closed for t in (START + 5000, START + 6000, START + 7000)}}
+
+
+def test_a_count_still_gives_its_row_for_a_batch_without_rows(spark):
+    """``count()`` is one row per batch, zero included: a transform may make rows from nothing,
+    so only the ones that say they keep empty batches empty (select, filter, union, grouped
+    aggregations) let an idle batch skip them."""
+    harness = BatchHarness(spark, lambda s: s.count(), "key string").start()
+    try:
+        assert harness.batch([("a",), ("b",)]) == [{"count": 2}]
+        assert harness.batch() == [{"count": 0}]
+    finally:
+        harness.stop()
+    harness = BatchHarness(spark, lambda s: s.where("key != 'x'"), "key string").start()
+    try:
+        assert harness.batch([("a",)]) == [{"key": "a"}]
+        harness.batch()
+        assert harness.batch_time not in harness.sink.batches  # no row: the output was not called
+    finally:
+        harness.stop()

@@ -48,24 +48,28 @@ class Stream:
         return self.node.slide_ms
 
     # ---------------------------------------------------------------- transformations
-    def transform(self, fn: Callable[..., DataFrame]) -> Stream:
-        """Apply ``fn(df)`` or ``fn(df, batch_time)`` to every batch's DataFrame."""
-        return self._derive(TransformNode([self.node], fn))
+    def transform(self, fn: Callable[..., DataFrame], *, keeps_empty: bool = False) -> Stream:
+        """Apply ``fn(df)`` or ``fn(df, batch_time)`` to every batch's DataFrame. With
+        ``keeps_empty=True`` (``fn`` gives no row for a batch without rows, as a select, a
+        filter or a grouped aggregation) a batch known to hold no row skips ``fn`` and the jobs
+        after it (SPEC E6); by default ``fn`` is called every batch, since it may make rows
+        from nothing (a global count, a union with a static DataFrame)."""
+        return self._derive(TransformNode([self.node], fn, keeps_empty))
 
     def select(self, *cols: str | Column) -> Stream:
-        return self.transform(lambda df: df.select(*cols))
+        return self.transform(lambda df: df.select(*cols), keeps_empty=True)
 
     def filter(self, condition: str | Column) -> Stream:
-        return self.transform(lambda df: df.filter(condition))
+        return self.transform(lambda df: df.filter(condition), keeps_empty=True)
 
     where = filter
 
     def with_column(self, name: str, col: Column) -> Stream:
-        return self.transform(lambda df: df.withColumn(name, col))
+        return self.transform(lambda df: df.withColumn(name, col), keeps_empty=True)
 
     def union(self, *others: Stream) -> Stream:
         """Rows of this stream and the others, matched by column name, batch by batch."""
-        return self._derive(TransformNode([self.node, *(o.node for o in others)], union_all))
+        return self._derive(TransformNode([self.node, *(o.node for o in others)], union_all, keeps_empty=True))
 
     def window(self, window_length: object, slide_interval: object | None = None) -> Stream:
         """Every ``slide_interval``, the rows of the last ``window_length`` (both multiples of
@@ -164,11 +168,11 @@ class KeyedStream:
 
     def agg(self, *exprs: Column) -> Stream:
         keys = self.keys
-        return self.stream.transform(lambda df: df.groupBy(*keys).agg(*exprs))
+        return self.stream.transform(lambda df: df.groupBy(*keys).agg(*exprs), keeps_empty=True)
 
     def count(self) -> Stream:
         keys = self.keys
-        return self.stream.transform(lambda df: df.groupBy(*keys).count())
+        return self.stream.transform(lambda df: df.groupBy(*keys).count(), keeps_empty=True)
 
     def flat_map_groups_with_state(
         self,

@@ -10,7 +10,7 @@ from typing import Any, cast
 
 from pyspark.sql import DataFrame, Observation
 
-from batchline.streams import InputNode, RuntimeEnv, StreamNode, StreamRuntime
+from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamNode, StreamRuntime
 
 __all__ = ["CountedBatch", "DeadLetterNode", "DeadLetterReader"]
 
@@ -48,5 +48,14 @@ class DeadLetterNode(StreamNode):
 
 
 class _DeadLetters(StreamRuntime):
+    def has_rows(self, batch_time: int) -> bool:
+        """Whether the batch may hold bad records: its input took something, or (once counted)
+        some records were refused, even if none was good."""
+        source = self.parents[0]
+        if not isinstance(source, InputRuntime):
+            return True
+        info = self.env.input_info.get_info(batch_time).get(source.input_id)
+        return info is None or info.num_records != 0 or info.dead_letters != 0
+
     def compute(self, batch_time: int) -> DataFrame:
         return cast(DeadLetterReader, self.parents[0]).dead_letter_frame(batch_time)

@@ -104,6 +104,9 @@ class BatchParams:
     idle_partitions: tuple[int, ...] = ()
     """Partitions that sit this batch out (no row, no timer due, in a batch that runs only the
     partitions whose timers are due): their tasks do nothing and write no version."""
+    skip: bool = False
+    """The operator does nothing in this batch (it skipped it, or it finished before): every
+    task gives no row, whatever its partition id (a union downstream numbers tasks on)."""
     behind: Mapping[int, int | None] = field(default_factory=dict)
     """Partitions whose newest version is older than ``prev_version`` because they sat batches
     out: partition to that version (None: the newest below this batch, after a restart)."""
@@ -116,7 +119,7 @@ class BatchParams:
         return {"batch_time": self.batch_time, "prev_version": self.prev_version, "token": self.token,
                 "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished,
                 "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions),
-                "idle_partitions": list(self.idle_partitions),
+                "idle_partitions": list(self.idle_partitions), "skip": self.skip,
                 "behind": {str(p): v for p, v in sorted(self.behind.items())}}
 
     @classmethod
@@ -149,15 +152,16 @@ class BatchParams:
         finished = payload.get("finished_partitions", [])
         idle = payload.get("idle_partitions", [])
         behind = payload.get("behind", {})
+        skip = payload.get("skip", False)
         if (not isinstance(end, bool) or not isinstance(finished, list) or not isinstance(idle, list)
-                or not isinstance(behind, dict)):
+                or not isinstance(behind, dict) or not isinstance(skip, bool)):
             raise ConfigurationError(
                 f"batch parameters {payload!r} have a malformed 'end_of_input', 'finished_partitions', "
-                "'idle_partitions' or 'behind'; the driver and the workers run different batchline versions. Install "
-                "the same version on both and restart"
+                "'idle_partitions', 'skip' or 'behind'; the driver and the workers run different batchline "
+                "versions. Install the same version on both and restart"
             )
         return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep, end,
-                   tuple(int(p) for p in finished), tuple(int(p) for p in idle),
+                   tuple(int(p) for p in finished), tuple(int(p) for p in idle), skip,
                    {int(p): None if v is None else int(v) for p, v in behind.items()})
 
 

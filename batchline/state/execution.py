@@ -292,12 +292,16 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
     Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
-    if partition in params.finished_partitions or partition in params.idle_partitions:
+    if params.skip or partition in params.finished_partitions or partition in params.idle_partitions:
         # Drained for good (its input has ended and it holds no timeout), or sitting this batch
         # out (no row, no timer due): nothing to load, call or write.
-        for _ in batches:
-            pass
-        report(Stats(partitions=1 << partition))
+        rows = sum(batch.num_rows for batch in batches)
+        if rows and partition in params.idle_partitions:
+            raise ConfigurationError(
+                f"partition {partition} of operator {spec.operator!r} was to sit batch {params.batch_time} out "
+                f"(its input was known to be empty) but {rows} rows came; this is a bug in batchline: report it "
+                "with the pipeline's description. Restart the pipeline: the batch runs again")
+        report(Stats() if params.skip else Stats(partitions=1 << partition))
         return
     kept = _finished_output(spec, params, partition)
     if kept is not None:

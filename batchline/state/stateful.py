@@ -238,10 +238,11 @@ class StatefulRuntime(StreamRuntime):
         progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms}
         if self._drained:
             progress.update(finished_partitions=sorted(self._drained), finished_after=self._finished_after)
-        if self._facts is not None:
-            # The timers a restarted driver must know, so that it skips idle batches from the first.
+        if self._facts is not None and self.metadata is not None:
+            # The timers a restarted driver must know, so that it skips idle batches from the
+            # first; under the generation they hold for (a rescale or write_state makes a new one).
             progress["partitions"] = {str(p): f.to_json() for p, f in sorted(self._facts.items())}
-            progress["partitions_generation"] = self.metadata.generation if self.metadata is not None else 0
+            progress["partitions_generation"] = self.metadata.generation
         return progress
 
     # ---------------------------------------------------------------- finishing (SPEC G2)
@@ -275,10 +276,9 @@ class StatefulRuntime(StreamRuntime):
         before the commit records it (a failed attempt's reports never count)."""
         if batch_time in self._ran_facts:
             self._facts = self._ran_facts.pop(batch_time)
-            self._facts_generation = None  # learnt by this run, under the generation it runs
+            self._facts_generation = self.metadata.generation if self.metadata is not None else None
 
     def on_batch_committed(self, batch_time: int) -> None:
-        self._skipped.discard(batch_time)
         self._unfinished.discard(batch_time)
         ran = self._ran.pop(batch_time, None)
         if ran is None:
@@ -301,7 +301,7 @@ class StatefulRuntime(StreamRuntime):
     # ---------------------------------------------------------------- batches
     def compute(self, batch_time: int) -> DataFrame:
         node = self.node
-        if self.finished_before(batch_time):
+        if self.finished_before(batch_time) or batch_time in self._skipped:
             return self.env.empty_frame(node.output_schema.struct)
         df = self.parent_frame(batch_time)
         missing = [k for k in node.key_names if k not in df.columns]
@@ -329,7 +329,11 @@ class StatefulRuntime(StreamRuntime):
         df.unpersist()
         self._stats.pop(batch_time, None)
         self._kept.pop(batch_time, None)
-        self._skipped.discard(batch_time)
+
+    def clear_metadata(self, batch_time: int) -> None:
+        super().clear_metadata(batch_time)
+        # A skipped batch stays known as one for as long as a window downstream may read it.
+        self._skipped = {t for t in self._skipped if t > batch_time - self.remember_ms}
 
     def has_rows(self, batch_time: int) -> bool:
         """False for a batch this operator skipped: no row came and no timer was due."""
@@ -374,12 +378,18 @@ class StatefulRuntime(StreamRuntime):
         if self.finished_before(batch_time):
             # Drained in an earlier batch, which ended after this one's job was built: publish
             # parameters under which every task does nothing, for outputs that still read it.
-            publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(
-                params, finished_partitions=tuple(range(self.num_partitions))))
+            publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(params, skip=True))
             return
         due = self._partitions_to_run(batch_time, ending, watermark)
         if due is not None and not due:
             self._skip(batch_time, watermark)
+            # Frames downstream were built on this batch's DataFrame when it was generated (a
+            # union with another input): under these parameters its tasks give nothing. Windows
+            # built later read the empty frame that replaces it.
+            publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(params, skip=True))
+            with self._lock:
+                self._generated[batch_time] = self.env.empty_frame(self.node.output_schema.struct)
+            df.unpersist()
             return
         running = frozenset(range(self.num_partitions)) if due is None else due
         if due is not None:

@@ -70,6 +70,8 @@ class InputRuntime(StreamRuntime):
     def has_rows(self, batch_time: int) -> bool:
         """False when the batch's allocation is known to hold no record (its input statistics
         say 0 before any job ran); None (not known until read) counts as rows."""
+        if self.finished_before(batch_time):
+            return False
         info = self.env.input_info.get_info(batch_time).get(self.input_id)
         return info is None or info.num_records != 0
 

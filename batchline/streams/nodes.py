@@ -26,8 +26,12 @@ def union_all(*dfs: DataFrame) -> DataFrame:
 class TransformNode(StreamNode):
     """``fn(df, ...)`` or ``fn(df, ..., batch_time)`` over the parents' DataFrames of a batch."""
 
-    def __init__(self, parents: Sequence[StreamNode], fn: Callable[..., DataFrame]) -> None:
+    def __init__(self, parents: Sequence[StreamNode], fn: Callable[..., DataFrame], keeps_empty: bool = False) -> None:
         super().__init__(parents)
+        self.keeps_empty = keeps_empty
+        """Whether batches without rows in give none out (a select, a filter, a union, a grouped
+        aggregation): such a batch then needs no job. A function may make rows from nothing (a
+        global count, a union with a static DataFrame), so by default it is called every batch."""
         for other in self.parents[1:]:
             if other.slide_ms != self.parents[0].slide_ms:
                 raise ConfigurationError(
@@ -43,6 +47,9 @@ class TransformNode(StreamNode):
 
 class _TransformRuntime(StreamRuntime):
     node: TransformNode
+
+    def has_rows(self, batch_time: int) -> bool:
+        return super().has_rows(batch_time) if self.node.keeps_empty else True
 
     def compute(self, batch_time: int) -> DataFrame:
         args: list[Any] = [self.parent_frame(batch_time, i) for i in range(len(self.parents))]
