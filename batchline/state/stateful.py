@@ -147,6 +147,7 @@ class StatefulRuntime(StreamRuntime):
         self._facts_generation: int | None = None
         """The state generation the restored facts were recorded under."""
         self._ran_facts: dict[int, dict[int, PartitionFacts] | None] = {}
+        """Per batch whose job ran: the facts it leaves, taken on when its jobs all succeeded."""
         self._behind: dict[int, int | None] = {}
         """Partitions whose newest version is older than ``prev_version`` (they sat batches out)."""
         self._kept: dict[int, frozenset[int]] = {}
@@ -348,11 +349,12 @@ class StatefulRuntime(StreamRuntime):
     def prepare_job(self, batch_time: int) -> Job | None:
         if self.node.node_id not in self.env.consumed or not self.is_time_valid(batch_time):
             return None
+        watermark = self.watermark_ms()
         if not self._unfinished and self._partitions_to_run(
-                batch_time, self.parents[0].finished_before(batch_time), self.watermark_ms()) == frozenset():
+                batch_time, self.parents[0].finished_before(batch_time), watermark) == frozenset():
             # Every earlier batch is committed, so the driver's view of the timers is current:
             # nothing is due and no row comes. The batch builds no DataFrame and runs no job.
-            self._skip(batch_time, self.watermark_ms())
+            self._skip(batch_time, watermark)
             return None
         df = self.get_or_compute(batch_time)
         if df is None:
