@@ -18,6 +18,7 @@ import argparse
 import json
 import os
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -25,11 +26,36 @@ from typing import Any
 from batchline import StreamingContext
 from batchline.clock import ManualClock
 from batchline.examples.sessionization import build_sessionization
+from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.spark import local_spark_session
-from benchmarks.completions import Completions
 from benchmarks.machine import write_result
 
 INTERVAL_MS = 1000
+
+
+class Completed(StreamingListener):
+    """Counts completed batches and keeps nothing else: a listener that kept every batch's
+    information would itself grow with the run (``benchmarks.completions`` does)."""
+
+    def __init__(self) -> None:
+        self.done = threading.Condition()
+        self.count = 0
+        self.failure: str | None = None
+
+    def on_batch_completed(self, info: BatchInfo) -> None:
+        with self.done:
+            self.count += 1
+            self.failure = self.failure or info.failure
+            self.done.notify_all()
+
+    def next_batch(self, clock: ManualClock, step_ms: int, timeout: float = 120) -> None:
+        with self.done:
+            wanted = self.count + 1
+            clock.advance(step_ms)
+            if not self.done.wait_for(lambda: self.count >= wanted, timeout):
+                raise TimeoutError(f"batch {wanted} did not complete within {timeout} s")
+            if self.failure:
+                raise RuntimeError(self.failure)
 
 
 def _rss_kib(pid: int) -> int | None:
@@ -88,7 +114,7 @@ def main() -> None:
                            checkpoint_interval=f"{10 * INTERVAL_MS}ms")
     build_sessionization(ssc, rate=args.rate, users=args.users, num_partitions=4).write_files(
         str(work / "out"), "parquet", name="sessions_out")
-    completions = Completions()
+    completions = Completed()
     ssc.add_listener(completions)
     ssc.start()
     samples: list[dict[str, Any]] = []

@@ -17,7 +17,7 @@ import pytest
 
 from batchline.errors import ConfigurationError
 from batchline.exclusion import LEGACY_KEYS, ExcludeOnFailure, check_exclusion_conf, translate_legacy_conf
-from batchline.spark import local_spark_session, session_conf
+from batchline.spark import STATUS_RETENTION, local_spark_session, session_conf
 
 SPARK_DEFAULTS = {
     "spark.excludeOnFailure.enabled": "true",
@@ -148,7 +148,7 @@ def test_the_session_settings_merge_conf_and_exclusion(caplog):
                                 exclude_on_failure=ExcludeOnFailure(timeout="20min", max_task_attempts_per_node=3))
     assert settings == {
         "spark.ui.enabled": "false", "spark.sql.shuffle.partitions": "3", "spark.sql.session.timeZone": "UTC",
-        "spark.ui.showConsoleProgress": "false", "spark.executor.cores": "1",
+        "spark.ui.showConsoleProgress": "false", **STATUS_RETENTION, "spark.executor.cores": "1",
         **SPARK_DEFAULTS, "spark.excludeOnFailure.task.maxTaskAttemptsPerNode": "3",
         "spark.excludeOnFailure.timeout": "1200000ms",
     }
