@@ -3,8 +3,6 @@ Spark job and writes no state version; a batch whose only work is due timers run
 partitions that hold them; a restarted driver knows the timers from the last commit, so the
 batches after it are skipped as well, and the timers still fire in their batch."""
 
-import time
-
 from batchline import StreamingContext
 from batchline.clock import ManualClock
 from batchline.state import GroupStateTimeout
@@ -162,38 +160,3 @@ def test_a_count_still_gives_its_row_for_a_batch_without_rows(spark):
     finally:
         harness.stop()
 
-
-def waiting_sessions(key, rows, state):
-    """Counts a key's rows; its session waits ten minutes for more."""
-    state.update(((state.get()[0] if state.exists else 0) + sum(1 for _ in rows),))
-    state.set_timeout_duration("10 minutes")
-    return ()
-
-
-def test_an_operator_holding_state_keeps_the_python_workers_alive_while_it_idles(spark, tmp_path):
-    """Spark stops Python workers after a minute without a task, and the state resident in them
-    with it: after 40 s without its tasks, an operator that holds state runs one tiny task per
-    slot outside any batch, so that the next batch finds its state in memory."""
-    clock = ManualClock(START)
-    ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=str(tmp_path / "checkpoint"))
-    recorder = BatchRecorder()
-    ssc.add_listener(recorder)
-    list_stream(ssc, [[(k, 1) for k in KEYS]] + [[] for _ in range(60)], "key string, n long").group_by_key(
-        "key").flat_map_groups_with_state(
-        waiting_sessions, state_schema="count long", output_schema="key string", name="waiting",
-        num_partitions=PARTITIONS, timeout=GroupStateTimeout.PROCESSING_TIME).foreach_batch(CollectSink())
-    tracker = spark.sparkContext.statusTracker()
-    ssc.start()
-    try:
-        run_until(ssc, clock, recorder, START + 30_000)
-        assert tracker.getJobIdsForGroup("batchline-keepalive-waiting") == []  # quiet for 29 s only
-        run_until(ssc, clock, recorder, START + 45_000)
-        deadline = time.monotonic() + 60
-        while not tracker.getJobIdsForGroup("batchline-keepalive-waiting") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        kept_alive = tracker.getJobIdsForGroup("batchline-keepalive-waiting")
-        idle_jobs = [j for t in range(START + 2000, START + 45_001, 1000) for j in spark_jobs(spark, ssc, t)]
-    finally:
-        ssc.stop()
-    assert len(kept_alive) == 1, kept_alive  # once, 40 s after the operator's last tasks
-    assert idle_jobs == []  # the batches themselves still run no job

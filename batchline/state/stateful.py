@@ -36,7 +36,6 @@ from batchline.state import operator
 from batchline.state.contract import BatchParams, OperatorSpec, PartitionFacts, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
-from batchline.state.keepalive import WorkerKeepAlive
 from batchline.state.operator import (
     forget_accumulator,
     operator_progress,
@@ -150,7 +149,6 @@ class StatefulRuntime(StreamRuntime):
         """The state generation the restored facts were recorded under."""
         self._ran_facts: dict[int, dict[int, PartitionFacts] | None] = {}
         """Per batch whose job ran: the facts it leaves, taken on when its jobs all succeeded."""
-        self._keepalive = WorkerKeepAlive(env.spark.sparkContext, env.clock, node.name)
         self._behind: dict[int, int | None] = {}
         """Partitions whose newest version is older than ``prev_version`` (they sat batches out)."""
         self._kept: dict[int, frozenset[int]] = {}
@@ -369,11 +367,8 @@ class StatefulRuntime(StreamRuntime):
 
     def _skip(self, batch_time: int, watermark_ms: int | None) -> None:
         self._skipped.add(batch_time)
-        totals = self._known_totals()
         self.env.input_info.report_operator(batch_time, operator_progress(
-            self.name, totals, watermark_ms, 0, len(self._drained)))
-        if totals.state_keys:
-            self._keepalive.idle()  # their resident state is worth keeping until the next batch that runs
+            self.name, self._known_totals(), watermark_ms, 0, len(self._drained)))
         logger.debug("Operator %s skips batch %s: no row and no timer due", self.name, format_batch_time(batch_time))
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
@@ -411,7 +406,6 @@ class StatefulRuntime(StreamRuntime):
             self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
                 self.name, self.metadata.num_partitions, self.metadata.generation))
         run_batch_job(self.env.spark.sparkContext, self.name, params, df)
-        self._keepalive.note_tasks_ran()
         self._rerun_whole.discard(batch_time)
         stats: Stats = self._stats[batch_time].value
         if stats.max_event_time_ms is not None:
