@@ -86,6 +86,13 @@ def make_running_total(calls_dir: str, blocked: frozenset[int]):
     return running_total
 
 
+def say(line: str) -> None:
+    """One whole line in one write: batchline's log lines share stdout from other threads, and
+    print() writes the text and its newline apart, so a log line could land between them."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 class Progress(StreamingListener):
     def __init__(self) -> None:
         self.done = threading.Event()
@@ -94,9 +101,9 @@ class Progress(StreamingListener):
         progress = info.state_operators.get("sessions")
         keys, rows = (progress.keys_called, progress.input_rows) if progress is not None else (0, 0)
         if info.failure is not None:
-            print(f"failed {info.batch_time} {info.failure!r}", flush=True)
+            say(f"failed {info.batch_time} {info.failure!r}")
             return
-        print(f"completed {info.batch_time} {keys} {rows}", flush=True)
+        say(f"completed {info.batch_time} {keys} {rows}")
         if rows > 0 or info.num_records > 0:
             self.done.set()
 
@@ -124,13 +131,13 @@ def main() -> None:
         state_schema=STATE_SCHEMA, output_schema=OUTPUT_SCHEMA, name="sessions", num_partitions=PARTITIONS)
     sessions.write_files(args.out, format="parquet", name="out")
     ssc.start()
-    print("started", flush=True)
+    say("started")
     while not progress.done.wait(0.5):
         if ssc.await_termination(0.01):  # raises the error that stopped it
-            print("stopped before the batch completed", flush=True)
+            say("stopped before the batch completed")
             sys.exit(1)
     ssc.stop(graceful=True, stop_spark_session=True)
-    print("exit", flush=True)
+    say("exit")
 
 
 if __name__ == "__main__":

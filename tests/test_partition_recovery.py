@@ -56,6 +56,7 @@ class Driver:
         done = {}
         for line in list(self.lines):
             if line.startswith("completed "):
+                assert len(line.split()) == 4, f"a malformed line from the driver: {line!r}"
                 _, batch_time, keys, rows = line.split()
                 done[int(batch_time)] = (int(keys), int(rows))
         return done

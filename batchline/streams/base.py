@@ -208,7 +208,8 @@ class StreamRuntime(ABC):
         """Whether the batch may hold rows of this stream: False only when the driver knows it
         holds none (every input it reads took nothing, and no state timer is due). Outputs
         run no job for such a batch (SPEC E6: an idle pipeline runs no Spark job). Asked when
-        the batch's jobs run, so that a stateful operator has heard of the batch before."""
+        the batch's jobs are generated and again when they run: a stateful operator whose
+        previous batch was still running decides only as its own job runs."""
         return any(parent.has_rows(batch_time) for parent in self.parents)
 
     # ---------------------------------------------------------------- finishing (SPEC G1, G2)
