@@ -33,7 +33,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from benchmarks.machine import write_result
+from benchmarks.machine import descendants, write_result
 
 INTERVAL_MS = 1000
 PARTITIONS = 4
@@ -54,13 +54,7 @@ def tree_cpu_ticks(root: int) -> dict[int, int]:
         fields = text[text.rindex(")") + 2:].split()
         parent_of[int(entry)] = int(fields[1])
         used[int(entry)] = int(fields[11]) + int(fields[12])  # utime, stime
-    tree, frontier = {root}, [root]
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parent_of.items():
-            if parent == pid and child not in tree:
-                tree.add(child)
-                frontier.append(child)
+    tree = {root} | descendants(root, parent_of)
     return {pid: used[pid] for pid in tree if pid in used}
 
 

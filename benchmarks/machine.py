@@ -40,6 +40,19 @@ def machine() -> dict[str, Any]:
     }
 
 
+def descendants(root: int, parent_of: dict[int, int]) -> set[int]:
+    """Every process below ``root``, given each process's parent (from ``/proc/<pid>/stat``)."""
+    found: set[int] = set()
+    frontier = [root]
+    while frontier:
+        pid = frontier.pop()
+        for child, parent in parent_of.items():
+            if parent == pid and child not in found:
+                found.add(child)
+                frontier.append(child)
+    return found
+
+
 def write_result(name: str, figures: dict[str, Any]) -> Path:
     RESULTS.mkdir(exist_ok=True)
     record = {

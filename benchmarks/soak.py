@@ -28,7 +28,7 @@ from batchline.clock import ManualClock
 from batchline.examples.sessionization import build_sessionization
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.spark import local_spark_session
-from benchmarks.machine import write_result
+from benchmarks.machine import descendants, write_result
 
 INTERVAL_MS = 1000
 
@@ -82,13 +82,7 @@ def _processes() -> dict[str, list[int]]:
             parent_of[int(entry)] = int(stat[stat.rindex(")") + 2:].split()[1])
             command[int(entry)] = cmdline
     jvms = [p for p, parent in parent_of.items() if parent == me and "java" in command[p]]
-    below, frontier = set(), list(jvms)
-    while frontier:
-        pid = frontier.pop()
-        for child, parent in parent_of.items():
-            if parent == pid and child not in below:
-                below.add(child)
-                frontier.append(child)
+    below = {p for jvm in jvms for p in descendants(jvm, parent_of)}
     workers = sorted(p for p in below if "python" in command[p])
     return {"driver": [me], "jvm": jvms, "python_workers": workers}
 

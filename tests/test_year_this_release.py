@@ -3,7 +3,6 @@
 restart from it gives the same output and state as from the location its short history left
 (SPEC E6, issue 19)."""
 
-import json
 import shutil
 from pathlib import Path
 
@@ -13,27 +12,7 @@ from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.sinks.files import COMMITS_DIR, COMPACTED_RECORD, DEFAULT_KEEP_COMMITS, own_location
 from batchline.state import read_state
 from benchmarks import year as bench
-
-SMALL_YEAR = bench.Year(files_read=5_000, logged_batches=300, output_commits=1_200, history_batches=3,
-                        steady_batches=3)
-
-
-def outputs(root: Path) -> list[tuple[str, int]]:
-    rows = []
-    for path in sorted((root / "out").glob("batch_time=*/*.json")):
-        rows += [(r["key"], r["count"]) for r in map(json.loads, path.read_text().splitlines())]
-    return sorted(rows)
-
-
-def restart_with_new_files(spark, root: Path) -> None:
-    bench.write_files(root / "in", SMALL_YEAR.history_batches, 4)
-    listener = bench._Batches()
-    ssc = bench.build(spark, root, listener)
-    ssc.start()
-    try:
-        listener.wait_for(4, 180)
-    finally:
-        ssc.stop(graceful=True)
+from tests.test_year_restart import SMALL_YEAR, outputs, restart_with_new_files
 
 
 def newest_position(root: Path) -> dict:
