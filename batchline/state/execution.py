@@ -17,7 +17,6 @@ A failure of the state function leaves as one ``TaskErrorPayload``, built in ``_
 from __future__ import annotations
 
 import collections
-import gc
 import logging
 import threading
 import traceback
@@ -33,6 +32,7 @@ from batchline.batch_time import END_OF_TIME_MS
 from batchline.checkpoint.events import PartitionFinished
 from batchline.checkpoint.lease import check_token
 from batchline.errors import ConfigurationError
+from batchline.state.collector import paused_collector
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
     BatchParams,
@@ -312,47 +312,46 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
         yield from table.to_batches()
         return
     cache = WORKER_CACHE if cache is None else cache
-    cached = _cached_partition(spec, params, partition, cache)
-    completed = False
-    # The cyclic collector would walk the whole resident state again and again while a batch
-    # allocates its rows (40% of the task's time); state tuples form no cycles.
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
-        stats = Stats()
-        groups = _grouped(spec, params, batches, stats)
-        outputs, delta = _call_function(spec, params, cached, groups, stats)
-        delta_table = _delta_table(spec, params, delta)
-        stats.delta_bytes = spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),
-                                                     delta_table)
-        if delta_table.num_rows:
-            cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
-        version = params.version_of(partition)
-        if (version is not None and cached.data.version == version
-                and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
-            _write_snapshot(spec, partition, cached.data, background_snapshots)
-        _apply_delta(cached, delta)
-        cached.data.version = params.batch_time
-        cached.data.deltas_since_snapshot += 1
-        cached.data.initial_keys = frozenset()
-        stats.state_keys = len(cached.data.entries)
-        stats.state_bytes = int(stats.state_keys * cached.bytes_per_key)
-        stats.output_rows = len(outputs)
-        stats.partitions = 1 << partition
-        stats.timers = (1 << partition) if len(cached.index) else 0
-        stats.partitions_after = {partition: PartitionFacts(stats.state_keys, stats.state_bytes,
-                                                            cached.index.next_deadline())}
-        result = _output_batch(spec, params, outputs)
-        _record_finish(spec, params, partition, stats, result)
-        report(stats)
-        completed = True
-    finally:
-        if collecting:
-            gc.enable()
-        if completed:
-            cache.put(_cache_key(spec, partition), cached)
+    with paused_collector():  # state tuples form no cycles: see batchline.state.collector
+        cached = _cached_partition(spec, params, partition, cache)
+        result = _run_loaded(spec, params, batches, partition, cached, report, background_snapshots)
+        # Only a batch that succeeded puts its partition back: no half-applied batch survives.
+        cache.put(_cache_key(spec, partition), cached)
     if result.num_rows:
         yield result
+
+
+def _run_loaded(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int,
+                cached: _Cached, report: Callable[[Stats], None], background_snapshots: bool) -> pa.RecordBatch:
+    """The batch over a loaded partition: call, write the delta, apply it, record the finish;
+    returns the output rows."""
+    stats = Stats()
+    groups = _grouped(spec, params, batches, stats)
+    outputs, delta = _call_function(spec, params, cached, groups, stats)
+    delta_table = _delta_table(spec, params, delta)
+    stats.delta_bytes = spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),
+                                                 delta_table)
+    if delta_table.num_rows:
+        cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
+    version = params.version_of(partition)
+    if (version is not None and cached.data.version == version
+            and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
+        _write_snapshot(spec, partition, cached.data, background_snapshots)
+    _apply_delta(cached, delta)
+    cached.data.version = params.batch_time
+    cached.data.deltas_since_snapshot += 1
+    cached.data.initial_keys = frozenset()
+    stats.state_keys = len(cached.data.entries)
+    stats.state_bytes = int(stats.state_keys * cached.bytes_per_key)
+    stats.output_rows = len(outputs)
+    stats.partitions = 1 << partition
+    stats.timers = (1 << partition) if len(cached.index) else 0
+    stats.partitions_after = {partition: PartitionFacts(stats.state_keys, stats.state_bytes,
+                                                        cached.index.next_deadline())}
+    result = _output_batch(spec, params, outputs)
+    _record_finish(spec, params, partition, stats, result)
+    report(stats)
+    return result
 
 
 def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int
