@@ -16,16 +16,41 @@ up to the batch's completion: the state-function calls it made, against the call
 whole batch (an uninterrupted run), and the batch's processing time (first job start to
 completion, from the listener), plus the wall time from process start.
 
-Optionally (``--peer``), Structured Streaming's ``applyInPandasWithState`` on the same file
-(benchmarks/sessionization.py's version of the function, 8 shuffle partitions), for context:
-a restart there re-runs the whole batch, so its re-run costs what one run of the batch costs.
+Two cases (``--case``, default ``sessionization``, or ``both``):
 
-    python -m benchmarks.recovery [--rounds 3] [--peer]
+- **sessionization**: the above; the state function costs a few microseconds a key, so the
+  batch's time is mostly the read and the shuffle, which a re-run redoes in full today.
+- **cpu**: the same batch shape (200k events in one parquet file, keyed by user, 8 state
+  partitions, the same kill points), with ``update_session`` followed by a chain of SHA-256
+  digests of about 1 ms of CPU per call, so the per-key work dominates. The chain's length is
+  calibrated once in the measuring process (``calibrate``, CPU time) and passed to every
+  driver, so every run does the same work. It has 30k users instead of 100k, so that one
+  batch takes about 20 s on 2 cores: 29,964 of them have events, 1 ms x 30k keys / 2 cores =
+  15 s of function time, plus the ~5 s that the read and shuffle of the 200k rows take either
+  way. With 100k users (86k keys) one batch would take about 50 s, and a round runs it about
+  twice. The cpu case's figures go under ``"cpu"`` in the results file.
+
+Each case's ``recovered_vs_whole`` is the re-run batch's processing time after 6 of 8 against
+the re-run of the whole batch (killed before any partition finished; both restarts pay the
+same cold start); ``recovered_vs_uninterrupted`` is against the uninterrupted run.
+
+Optionally (``--peer``, sessionization only), Structured Streaming's ``applyInPandasWithState``
+on the same file (benchmarks/sessionization.py's version of the function, 8 shuffle
+partitions), for context: a restart there re-runs the whole batch, so its re-run costs what
+one run of the batch costs.
+
+The results file holds both cases. When one case runs, the other's figures are carried over
+from the file as it was, and ``carried_over`` names the date and command they came from.
+``--no-write`` prints the figures and leaves the file alone.
+
+    python -m benchmarks.recovery [--rounds 3] [--case sessionization|cpu|both] [--peer] [--no-write]
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -40,14 +65,35 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 EVENTS, USERS, PARTITIONS = 200_000, 100_000, 8
+CPU_USERS, CPU_SECONDS_PER_KEY = 30_000, 1e-3
+CASES = ("sessionization", "cpu")
+GOALS = {"sessionization": "<= 0.5", "cpu": "<= 0.35"}
 BLOCKED = (6, 7)
 KEEP_LINE = "keeping 6 of 8 finished partitions of operator 'sessions'; re-running 2"
 
 
 # ------------------------------------------------------------------ the driver process
-def make_recorded_session(calls_dir: str, blocked: frozenset[int]):
-    """``update_session`` that appends ``<partition> <user>`` per call to CALLS/calls-<pid>.txt,
-    and blocks in the ``blocked`` state partitions."""
+def burn(user: int, iterations: int) -> bytes:
+    """CPU work, deterministic: a chain of ``iterations`` SHA-256 digests seeded by the user."""
+    digest = user.to_bytes(8, "little", signed=True)
+    for _ in range(iterations):
+        digest = hashlib.sha256(digest).digest()
+    return digest
+
+
+def calibrate(seconds: float = CPU_SECONDS_PER_KEY, sample: int = 20_000) -> int:
+    """Iterations of ``burn`` that take ``seconds`` of CPU here (the fastest of 10 timed samples)."""
+    timings = []
+    for _ in range(10):
+        started = time.process_time()
+        burn(0, sample)
+        timings.append(time.process_time() - started)
+    return max(1, round(sample * seconds / min(timings)))
+
+
+def make_recorded_session(calls_dir: str, blocked: frozenset[int], burn_iterations: int = 0):
+    """``update_session`` (then ``burn(user, burn_iterations)``) that appends ``<partition> <user>
+    <µs>`` per call to CALLS/calls-<pid>.txt, and blocks in the ``blocked`` state partitions."""
     from batchline.examples.sessionization import update_session
 
     handles: dict[int, int] = {}
@@ -68,13 +114,15 @@ def make_recorded_session(calls_dir: str, blocked: frozenset[int]):
                                         os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         started = time.perf_counter()
         closed = list(update_session(user, events, state))
+        if burn_iterations:
+            burn(user, burn_iterations)
         os.write(fd, f"{partition} {user} {round((time.perf_counter() - started) * 1e6)}\n".encode())
         return closed
 
     return session
 
 
-def driver(input_dir: str, checkpoint: str, out: str, calls: str) -> None:
+def driver(input_dir: str, checkpoint: str, out: str, calls: str, burn_iterations: str = "0") -> None:
     import logging
 
     from batchline import StreamingContext, StreamingListener
@@ -88,11 +136,18 @@ def driver(input_dir: str, checkpoint: str, out: str, calls: str) -> None:
     logging.getLogger("batchline.state").setLevel(logging.INFO)
 
     class JobStarts(logging.Handler):
-        """``job <name> <batch_time> <epoch s>`` for every job the scheduler starts."""
+        """``job <name> <batch_time> <epoch s>`` for every job the scheduler starts; the name as the
+        results have always had it ("state:sessions", "out"), from ``Job.describe()``'s
+        "operator 'sessions'", "output 'out'"."""
 
         def emit(self, record: logging.LogRecord) -> None:
-            if isinstance(record.msg, str) and record.msg.startswith("Starting job") and len(record.args or ()) == 2:
-                print(f"job {record.args[0]} {record.args[1]} {record.created:.3f}", flush=True)
+            args = record.args
+            if isinstance(record.msg, str) and record.msg.startswith("Starting job") and isinstance(args, tuple) \
+                    and len(args) == 2:
+                what, _, name = str(args[0]).partition(" ")
+                name = name.strip("'")
+                name = {"operator": f"state:{name}", "input": f"read:{name}"}.get(what, name)
+                print(f"job {name} {args[1]} {record.created:.3f}", flush=True)
 
     scheduler_log = logging.getLogger("batchline.scheduler.job_scheduler")
     scheduler_log.setLevel(logging.DEBUG)
@@ -119,7 +174,7 @@ def driver(input_dir: str, checkpoint: str, out: str, calls: str) -> None:
     ssc.add_listener(Progress())
     events = ssc.file_stream(input_dir, "parquet", USER_EVENT_SCHEMA, settle=0, max_files_per_batch=1, name="events")
     sessions = events.group_by_key("id").flat_map_groups_with_state(
-        make_recorded_session(os.path.abspath(calls), blocked), state_schema=UserSession,
+        make_recorded_session(os.path.abspath(calls), blocked, int(burn_iterations)), state_schema=UserSession,
         output_schema=ClosedSession, timeout=GroupStateTimeout.PROCESSING_TIME, name="sessions",
         num_partitions=PARTITIONS)
     sessions.write_files(out, format="parquet", name="out")
@@ -132,8 +187,8 @@ def driver(input_dir: str, checkpoint: str, out: str, calls: str) -> None:
 
 
 # ------------------------------------------------------------------ the measuring side
-def write_events(directory: Path) -> Path:
-    """One parquet file of 200k user events (USER_EVENT_SCHEMA), deterministic."""
+def write_events(directory: Path, users: int = USERS) -> Path:
+    """One parquet file of 200k user events (USER_EVENT_SCHEMA) from ``users`` users, deterministic."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -142,7 +197,7 @@ def write_events(directory: Path) -> Path:
     index = np.arange(EVENTS)
     base_us = 1_800_000_000_000_000
     table = pa.table({
-        "id": pa.array(rng.integers(0, USERS, EVENTS), pa.int32()),
+        "id": pa.array(rng.integers(0, users, EVENTS), pa.int32()),
         "data": pa.array([f"event-{i}" for i in index]),
         "is_last": pa.array(rng.random(EVENTS) < 0.05),
         "ts": pa.array(base_us + index * 1000, pa.timestamp("us", tz="UTC")),
@@ -156,7 +211,8 @@ def write_events(directory: Path) -> Path:
 class Run:
     """One driver process; its stdout lines, and when it started."""
 
-    def __init__(self, work: Path, name: str, input_dir: Path, checkpoint: Path, block: tuple[int, ...] = ()):
+    def __init__(self, work: Path, name: str, input_dir: Path, checkpoint: Path, block: tuple[int, ...] = (),
+                 burn_iterations: int = 0):
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
         env.pop("BLOCK_PARTITIONS", None)
         if block:
@@ -166,7 +222,7 @@ class Run:
         self.started = time.time()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "benchmarks.recovery", "driver", str(input_dir), str(checkpoint),
-             str(checkpoint) + "-out", str(self.calls)],
+             str(checkpoint) + "-out", str(self.calls), str(burn_iterations)],
             cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=self.stderr, text=True)
         self.lines: list[str] = []
         self.reader = threading.Thread(target=lambda: self.lines.extend(line.rstrip() for line in self.process.stdout),
@@ -224,13 +280,14 @@ def wait_until(run: Run, condition: Any, what: str, timeout: float = 300) -> Non
         time.sleep(0.1)
 
 
-def crash_and_restart(work: Path, name: str, input_dir: Path, finished_before_kill: int) -> dict[str, Any]:
+def crash_and_restart(work: Path, name: str, input_dir: Path, finished_before_kill: int,
+                      burn_iterations: int = 0) -> dict[str, Any]:
     checkpoint = work / f"checkpoint-{name}"
     if finished_before_kill:
         block = tuple(p for p in range(PARTITIONS) if p >= finished_before_kill)
     else:
         block = tuple(range(PARTITIONS))
-    first = Run(work, f"{name}-first", input_dir, checkpoint, block)
+    first = Run(work, f"{name}-first", input_dir, checkpoint, block, burn_iterations)
 
     def finished() -> int:
         dirs = _batch_dirs(checkpoint)
@@ -243,7 +300,7 @@ def crash_and_restart(work: Path, name: str, input_dir: Path, finished_before_ki
                    "the operator's job")
     first.kill()
     recorded = finished()
-    restart = Run(work, f"{name}-restart", input_dir, checkpoint)
+    restart = Run(work, f"{name}-restart", input_dir, checkpoint, burn_iterations=burn_iterations)
     restart.finish()
     calls, function_s = restart.calls_made()
     figures = {**restart.big_batch(), "finished_before_kill": recorded, "calls": calls, "function_s": function_s,
@@ -266,72 +323,116 @@ def run_peer(input_dir: Path, work: Path) -> float:
     return seconds
 
 
+def measure(case: str, work: Path, rounds: int, burn_iterations: int) -> dict[str, Any]:
+    """One case's figures: an uninterrupted run, then ``rounds`` crashes after 6 of 8 and before any."""
+    users = CPU_USERS if case == "cpu" else USERS
+    input_dir = work / f"events-{case}"
+    write_events(input_dir, users)
+    whole = Run(work, f"{case}-uninterrupted", input_dir, work / f"checkpoint-{case}-uninterrupted",
+                burn_iterations=burn_iterations)
+    whole.finish()
+    calls, function_s = whole.calls_made()
+    uninterrupted = {**whole.big_batch(), "calls": calls, "function_s": function_s}
+    print(f"  {case} uninterrupted: {uninterrupted}", flush=True)
+
+    partial, none = [], []
+    for n in range(rounds):
+        partial.append(crash_and_restart(work, f"{case}-after-6-of-8-{n}", input_dir, PARTITIONS - len(BLOCKED),
+                                         burn_iterations))
+        none.append(crash_and_restart(work, f"{case}-before-any-{n}", input_dir, 0, burn_iterations))
+    missing_line = [f for f in partial if not f["keep_line"] or KEEP_LINE not in f["keep_line"]]
+    if missing_line:
+        print(f"WARNING: {len(missing_line)} restart(s) after 6 of 8 did not log {KEEP_LINE!r}", flush=True)
+
+    median = statistics.median
+    whole_calls = uninterrupted["calls"]
+    figures: dict[str, Any] = {
+        "events": EVENTS, "users": users, "state_partitions": PARTITIONS, "master": "local[2]",
+        "rounds": rounds,
+        "uninterrupted": {"calls": whole_calls, "processing_s": uninterrupted["processing_s"],
+                          "wall_s": round(uninterrupted["wall_s"], 2), "jobs_s": uninterrupted["jobs_s"],
+                          "function_s": uninterrupted["function_s"]},
+        "restart_after_6_of_8": {
+            "calls": [f["calls"] for f in partial],
+            "processing_s": [f["processing_s"] for f in partial],
+            "wall_s": [round(f["wall_s"], 2) for f in partial],
+            "keys_called": [f["keys_called"] for f in partial],
+            "jobs_s": [f["jobs_s"] for f in partial],
+            "function_s": [f["function_s"] for f in partial],
+            "log_line": partial[0]["keep_line"],
+        },
+        "restart_after_kill_before_any_finish": {
+            "calls": [f["calls"] for f in none],
+            "processing_s": [f["processing_s"] for f in none],
+            "wall_s": [round(f["wall_s"], 2) for f in none],
+            "keys_called": [f["keys_called"] for f in none],
+            "jobs_s": [f["jobs_s"] for f in none],
+            "function_s": [f["function_s"] for f in none],
+        },
+    }
+    if burn_iterations:
+        figures["burn_iterations"] = burn_iterations
+        figures["function_ms_per_call"] = round(1000 * uninterrupted["function_s"] / whole_calls, 3)
+    recovered_s = median(f["processing_s"] for f in partial)
+    figures["redone_share"] = round(median(f["calls"] for f in partial) / whole_calls, 4)
+    figures["redone_share_before_any_finish"] = round(median(f["calls"] for f in none) / whole_calls, 4)
+    figures["recovered_vs_whole"] = round(recovered_s / median(f["processing_s"] for f in none), 3)
+    figures["recovered_vs_uninterrupted"] = round(recovered_s / uninterrupted["processing_s"], 3)
+    figures["recovered_vs_whole_wall"] = round(median(f["wall_s"] for f in partial)
+                                               / median(f["wall_s"] for f in none), 3)
+    state_job = [f["jobs_s"].get("state:sessions") for f in partial + none]
+    if all(state_job):
+        figures["state_job_recovered_vs_whole"] = round(
+            median(state_job[: len(partial)]) / median(state_job[len(partial):]), 3)
+    figures["goals"] = {"redone_share": "<= 0.25", "recovered_vs_whole": GOALS[case]}
+    print({k: v for k, v in figures.items() if not isinstance(v, dict)}, flush=True)
+    return figures
+
+
+def carried_over(path: Path, case: str) -> tuple[dict[str, Any], str] | None:
+    """The figures of ``case`` in the results file at ``path``, and the date and command they came from."""
+    if not path.exists():
+        return None
+    old = json.loads(path.read_text())
+    origin = old.get("carried_over", {}).get(case) or f"{old['date']} {old['command']}"
+    if case == "cpu":
+        return ({"cpu": old["cpu"]}, origin) if "cpu" in old else None
+    meta = {"benchmark", "date", "command", "machine", "cpu", "carried_over"}
+    kept = {k: v for k, v in old.items() if k not in meta}
+    return (kept, origin) if "uninterrupted" in kept else None
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--case", choices=[*CASES, "both"], default="sessionization")
     parser.add_argument("--peer", action="store_true", help="also time Structured Streaming's run of the batch")
+    parser.add_argument("--no-write", action="store_true", help="print the figures, leave the results file alone")
     args = parser.parse_args()
-    from benchmarks.machine import write_result
+    cases = CASES if args.case == "both" else (args.case,)
+    if args.peer and "sessionization" not in cases:
+        parser.error("--peer runs on the sessionization case's file")
+    from benchmarks.machine import RESULTS, write_result
 
     work = Path(tempfile.mkdtemp(prefix="bench-recovery-"))
     try:
-        input_dir = work / "events"
-        write_events(input_dir)
-        whole = Run(work, "uninterrupted", input_dir, work / "checkpoint-uninterrupted")
-        whole.finish()
-        calls, function_s = whole.calls_made()
-        uninterrupted = {**whole.big_batch(), "calls": calls, "function_s": function_s}
-        print(f"  uninterrupted: {uninterrupted}", flush=True)
-
-        partial, none = [], []
-        for n in range(args.rounds):
-            partial.append(crash_and_restart(work, f"after-6-of-8-{n}", input_dir, PARTITIONS - len(BLOCKED)))
-            none.append(crash_and_restart(work, f"before-any-{n}", input_dir, 0))
-        missing_line = [f for f in partial if not f["keep_line"] or KEEP_LINE not in f["keep_line"]]
-        if missing_line:
-            print(f"WARNING: {len(missing_line)} restart(s) after 6 of 8 did not log {KEEP_LINE!r}", flush=True)
-
-        median = statistics.median
-        whole_calls = uninterrupted["calls"]
-        figures: dict[str, Any] = {
-            "events": EVENTS, "users": USERS, "state_partitions": PARTITIONS, "master": "local[2]",
-            "rounds": args.rounds,
-            "uninterrupted": {"calls": whole_calls, "processing_s": uninterrupted["processing_s"],
-                              "wall_s": round(uninterrupted["wall_s"], 2), "jobs_s": uninterrupted["jobs_s"],
-                              "function_s": uninterrupted["function_s"]},
-            "restart_after_6_of_8": {
-                "calls": [f["calls"] for f in partial],
-                "processing_s": [f["processing_s"] for f in partial],
-                "wall_s": [round(f["wall_s"], 2) for f in partial],
-                "keys_called": [f["keys_called"] for f in partial],
-                "jobs_s": [f["jobs_s"] for f in partial],
-                "function_s": [f["function_s"] for f in partial],
-                "log_line": partial[0]["keep_line"],
-            },
-            "restart_after_kill_before_any_finish": {
-                "calls": [f["calls"] for f in none],
-                "processing_s": [f["processing_s"] for f in none],
-                "wall_s": [round(f["wall_s"], 2) for f in none],
-                "keys_called": [f["keys_called"] for f in none],
-                "jobs_s": [f["jobs_s"] for f in none],
-                "function_s": [f["function_s"] for f in none],
-            },
-        }
-        figures["redone_share"] = round(median(f["calls"] for f in partial) / whole_calls, 4)
-        figures["redone_share_before_any_finish"] = round(median(f["calls"] for f in none) / whole_calls, 4)
-        figures["recovered_vs_whole"] = round(median(f["processing_s"] for f in partial)
-                                              / median(f["processing_s"] for f in none), 3)
-        figures["recovered_vs_whole_wall"] = round(median(f["wall_s"] for f in partial)
-                                                   / median(f["wall_s"] for f in none), 3)
-        state_job = [f["jobs_s"].get("state:sessions") for f in partial + none]
-        if all(state_job):
-            figures["state_job_recovered_vs_whole"] = round(
-                median(state_job[: len(partial)]) / median(state_job[len(partial):]), 3)
-        figures["goals"] = {"redone_share": "<= 0.25", "recovered_vs_whole": "<= 0.5"}
-        if args.peer:
-            peer = run_peer(input_dir, work)
-            figures["structured_streaming_batch_s"] = round(peer, 2)
-        print({k: v for k, v in figures.items() if not isinstance(v, dict)}, flush=True)
+        figures: dict[str, Any] = {}
+        if "sessionization" in cases:
+            figures.update(measure("sessionization", work, args.rounds, 0))
+            if args.peer:
+                figures["structured_streaming_batch_s"] = round(run_peer(work / "events-sessionization", work), 2)
+        if "cpu" in cases:
+            iterations = calibrate()
+            print(f"  cpu: {iterations} SHA-256 iterations = {CPU_SECONDS_PER_KEY * 1000:g} ms of CPU", flush=True)
+            figures["cpu"] = measure("cpu", work, args.rounds, iterations)
+        if args.no_write:
+            print(json.dumps(figures, indent=2))
+            return
+        for other in set(CASES) - set(cases):
+            found = carried_over(RESULTS / "recovery.json", other)
+            if found:
+                figures = {**found[0], **figures}
+                figures.setdefault("carried_over", {})[other] = found[1]
         print(f"wrote {write_result('recovery', figures)}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -340,6 +441,6 @@ def main() -> None:
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "driver":
         sys.path.insert(0, str(ROOT))
-        driver(*sys.argv[2:6])
+        driver(*sys.argv[2:7])
     else:
         main()
