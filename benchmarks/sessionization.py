@@ -1,26 +1,34 @@
 """Stateful processing: batchline's flat_map_groups_with_state against Spark Structured
-Streaming's applyInPandasWithState, on the same input, in one run.
+Streaming's applyInPandasWithState and Bytewax 0.21, on the same input, in one run.
 
 1. Sustained sessionization throughput: the same parquet files of generated user events
    (200k events from 100k users each), one file per batch, read by batchline's file source
    and by Structured Streaming's (maxFilesPerTrigger=1), sessionized by equivalent functions
    with one-minute processing-time timeouts; and the limit, a bare PySpark job that reads
    the same file, shuffles it by user and hands it to Python as Arrow, without state.
+   The second peer, Bytewax 0.21 (``pip install -e ".[bench]"``), runs the same logic on one
+   worker in a process of its own, once without recovery and once with SQLite recovery
+   snapshotting every 2 s (benchmarks/bytewax_sessions.py: how its wall-clock timers stand in
+   for the manual clock). batchline keeps durable state, so it is compared with the latter.
 2. Batch time when 10k keys change while the state holds 10k, 100k and 1M keys.
 3. Memory per key held in state (the worker-resident cache) and bytes per key on disk.
 
-    python -m benchmarks.sessionization [--files 5] [--peer-files 3] [--scale 10000,100000,1000000]
+    python -m benchmarks.sessionization [--files 5] [--peer-files 3] [--scale 10000,100000,1000000] [--no-bytewax]
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import importlib.metadata
+import importlib.util
+import multiprocessing
 import shutil
 import statistics
 import tempfile
 import threading
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -108,8 +116,10 @@ class _Completions(StreamingListener):
             raise RuntimeError(failed[0])
 
 
-def run_batchline(spark: SparkSession, input_dir: Path, files: int, checkpoint: Path) -> list[float]:
-    """Wall seconds per batch, from the timer firing to the batch's completion."""
+def run_batchline(spark: SparkSession, input_dir: Path, files: int,
+                  checkpoint: Path) -> tuple[list[float], dict[str, int]]:
+    """Wall seconds per batch, from the timer firing to the batch's completion, and the
+    sessions closed (all, and by a timeout)."""
     clock = ManualClock(1_000 * INTERVAL_MS)
     ssc = StreamingContext(spark, f"{INTERVAL_MS}ms", clock=clock, checkpoint=str(checkpoint))
     events = ssc.file_stream(str(input_dir), "parquet", USER_EVENT_SCHEMA, settle=0, max_files_per_batch=1)
@@ -131,7 +141,8 @@ def run_batchline(spark: SparkSession, input_dir: Path, files: int, checkpoint: 
             print(f"  batchline batch {n}: {times[-1]:.2f} s", flush=True)
     finally:
         ssc.stop(graceful=False)
-    return times
+    progress = [info.state_operators["sessions"] for info in completions.infos[:files]]
+    return times, {"closed": sum(p.output_rows for p in progress), "timeout": sum(p.timed_out for p in progress)}
 
 
 # ------------------------------------------------------------------ the peer
@@ -196,6 +207,17 @@ def run_peer(spark: SparkSession, input_dir: Path, files: int, checkpoint: Path)
     query.stop()
     print(f"  peer batches: {durations}", flush=True)
     return durations[:files]
+
+
+# ------------------------------------------------------------------ the second peer
+def run_bytewax(paths: list[Path], recovery: bool) -> dict[str, Any]:
+    """Bytewax on one worker over ``paths`` (benchmarks.bytewax_sessions.run), in a process of
+    its own: only its start-up overlaps the idle Spark driver, and it is not timed."""
+    from benchmarks import bytewax_sessions  # the "bench" extra
+
+    # spawn: a forked child would inherit the driver's JVM gateway and its threads.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(bytewax_sessions.run, paths, recovery).result()
 
 
 # ------------------------------------------------------------------ state scale
@@ -271,7 +293,13 @@ def main() -> None:
     parser.add_argument("--scale", default="10000,100000,1000000")
     parser.add_argument("--changed", type=int, default=10_000)
     parser.add_argument("--scale-batches", type=int, default=8)
+    parser.add_argument("--bytewax", action=argparse.BooleanOptionalAction, default=None,
+                        help="run the Bytewax peer (default: when bytewax is installed)")
     args = parser.parse_args()
+    have_bytewax = importlib.util.find_spec("bytewax") is not None
+    if args.bytewax and not have_bytewax:
+        parser.error('--bytewax needs Bytewax 0.21: pip install -e ".[bench]"')
+    use_bytewax = have_bytewax if args.bytewax is None else args.bytewax
 
     spark = local_spark_session("local[2]", "bench-sessionization", shuffle_partitions=PARTITIONS)
     work = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
@@ -282,13 +310,18 @@ def main() -> None:
 
         bare = bare_shuffle(spark, paths[: args.files])
         print("bare", bare, flush=True)
-        ours = run_batchline(spark, input_dir, args.files, work / "batchline")
+        ours, ours_closed = run_batchline(spark, input_dir, args.files, work / "batchline")
         peer_dir = work / "peer-in"
         peer_dir.mkdir()
         for path in paths[: args.peer_files]:
             shutil.copy(path, peer_dir / path.name)
         peer = run_peer(spark, peer_dir, args.peer_files, work / "peer-checkpoint")
         print("peer", peer, flush=True)
+        bytewax_runs: dict[str, dict[str, Any]] = {}
+        if use_bytewax:
+            for name, recovery in (("bytewax", False), ("bytewax_recovery", True)):
+                bytewax_runs[name] = run_bytewax(paths[: args.files], recovery)
+                print(name, bytewax_runs[name], flush=True)
 
         steady = lambda xs: statistics.median(xs[1:]) if len(xs) > 1 else xs[0]  # noqa: E731 - first batch warms up
         throughput = {
@@ -302,6 +335,37 @@ def main() -> None:
         }
         throughput["vs_peer"] = round(throughput["batchline_events_per_s"] / throughput["peer_events_per_s"], 1)
         throughput["vs_bare"] = round(throughput["batchline_events_per_s"] / throughput["bare_events_per_s"], 2)
+        notes: dict[str, Any] = {}
+        for name, result in bytewax_runs.items():
+            throughput[f"{name}_batch_seconds"] = [round(x, 2) for x in result["batch_seconds"]]
+            throughput[f"{name}_events_per_s"] = round(EVENTS_PER_BATCH / steady(result["batch_seconds"]))
+            throughput[f"vs_{name}"] = round(throughput["batchline_events_per_s"]
+                                             / throughput[f"{name}_events_per_s"], 2)
+            closed = result["closed_sessions"]
+            notes[name] = {k: v for k, v in result.items() if k != "batch_seconds"} | {
+                "events_per_s_whole_run": round(EVENTS_PER_BATCH * len(result["batch_seconds"])
+                                                / sum(result["batch_seconds"])),
+                "same_sessions_as_batchline": (sum(closed.values()), closed["timeout"])
+                == (ours_closed["closed"], ours_closed["timeout"])}
+        if bytewax_runs:
+            throughput["bytewax"] = {
+                "version": importlib.metadata.version("bytewax"), "workers": 1,
+                "operator": "stateful_batch, timeouts by notify_at",
+                "runs": {"bytewax": "no recovery (epochs of 10 s, the default)",
+                         "bytewax_recovery": "SQLite recovery, one partition, snapshots every 2 s (epoch_interval)"},
+                "compare_batchline_with": "bytewax_recovery",
+                "why": "batchline commits its state to the checkpoint every batch; of Bytewax's runs only "
+                       "the recovery one keeps state durably",
+                "timeouts": "processing time counted in files on both sides (batchline: a manual clock, one minute "
+                            "per file; Bytewax: wall-clock notify_at aimed at the start of the file after the due one, "
+                            "erring late since a timer that fires early costs Bytewax extra calls and a late one does "
+                            "not, see "
+                            "benchmarks/bytewax_sessions.py): the same sessions close the same way, Bytewax's "
+                            "timeouts later; on_notify_calls against the timeouts (batchline: one call each) show "
+                            "what the timers cost Bytewax",
+                "batchline_closed_sessions": ours_closed,
+                **notes,
+            }
         print("throughput", throughput, flush=True)
         session_memory = memory_per_key(work / "batchline", "sessions", UserSession)
         print("session state memory", session_memory, flush=True)
