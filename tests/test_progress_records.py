@@ -99,8 +99,9 @@ def test_progress_records_say_what_each_batch_did(spark, tmp_path):
             late_by, OUTPUT_MS, late_by + OUTPUT_MS)
         assert record.submission_time_ms == record.processing_start_ms == record.batch_time + late_by
         assert [(j.kind, j.name, j.started_ms, j.duration_ms) for j in record.durations.jobs] == [
-            ("state", "counts", record.processing_start_ms, 0), ("output", "out", record.processing_start_ms,
-                                                                 OUTPUT_MS)]
+            ("state", "counts", record.processing_start_ms, 0),
+            ("output", "out", record.processing_start_ms, OUTPUT_MS),  # the operator's tasks run in this job
+            ("state_completion", "counts", record.processing_start_ms + OUTPUT_MS, 0)]
         assert (record.durations.generation_ms, record.durations.commit_ms) == (0, 0)
         assert events_in.processing_rate == rows / (OUTPUT_MS / 1000)
         assert events_in.late_records == late  # the operator reads only this input

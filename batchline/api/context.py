@@ -444,7 +444,8 @@ class StreamingContext:
     def _start_running(self, checkpoint: Checkpoint | None) -> None:
         """Turn the description into runtime objects, wire the scheduler, start generating."""
         env = RuntimeEnv(self.spark, self.clock, self.batch_interval_ms, self.input_info, self.receiver_tracker,
-                         self._checkpoints, self.graph.consumed(), self.graph.input_readers())
+                         self._checkpoints, self.graph.consumed(), self.graph.input_readers(),
+                         self.graph.read_by_one_output())
         self.pipeline = PipelineRuntime(self.graph, env)
         commit = self._commit = BatchCommit(self.pipeline, self._checkpoints, self.clock, self._pipeline_finished)
         generator: JobGenerator

@@ -22,6 +22,9 @@ class JobKind(enum.Enum):
     """A stateful operator runs its function over the batch and writes its state."""
     OUTPUT = "output"
     """An output operation writes the batch."""
+    STATE_COMPLETION = "state_completion"
+    """A stateful operator whose tasks ran inside its only output's job takes on what they
+    reported (and runs the partitions that job did not evaluate)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,8 @@ class Job:
 
     def describe(self) -> str:
         """What the job is, for people: "operator 'sessions'", "input 'files'", "output 'out'"."""
-        what = {JobKind.READ: "input", JobKind.STATE: "operator", JobKind.OUTPUT: "output"}[self.kind]
+        what = {JobKind.READ: "input", JobKind.STATE: "operator", JobKind.OUTPUT: "output",
+                JobKind.STATE_COMPLETION: "completion of operator"}[self.kind]
         return f"{what} '{self.name}'"
 
 

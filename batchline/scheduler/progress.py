@@ -121,7 +121,10 @@ class JobTiming:
 
     name: str
     kind: str
-    """A ``JobKind`` value: ``read``, ``state`` or ``output``."""
+    """A ``JobKind`` value: ``read``, ``state``, ``output`` or ``state_completion`` (a stateful
+    operator read by one output only runs its tasks inside that output's job: its ``state``
+    job decides and publishes the batch's parameters, its ``state_completion`` job after the
+    output takes on what the tasks reported)."""
     started_ms: int
     duration_ms: int
 

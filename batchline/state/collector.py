@@ -17,6 +17,7 @@ the worker's live objects, not once per batch.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import threading
@@ -33,6 +34,7 @@ FULL_COLLECTION_FLOOR = 200_000
 _lock = threading.Lock()
 _active = 0
 _frozen_after_full = 0
+_unfreezes_at_exit = False
 
 
 @contextmanager
@@ -60,7 +62,12 @@ def paused_collector() -> Iterator[None]:
 
 
 def _freeze_survivors() -> None:
-    global _frozen_after_full
+    global _frozen_after_full, _unfreezes_at_exit
+    if not _unfreezes_at_exit:
+        # At exit, hand the frozen objects back, so that the interpreter's last collection
+        # frees them as usual (extension modules report what was never freed as leaked).
+        atexit.register(gc.unfreeze)
+        _unfreezes_at_exit = True
     gc.freeze()
     frozen = gc.get_freeze_count()
     if frozen > 2 * max(_frozen_after_full, FULL_COLLECTION_FLOOR // 2):

@@ -180,12 +180,19 @@ def batch_params_from_property(value: str | None, operator: str) -> BatchParams:
     """The task's side of ``with_batch_params``: this operator's parameters, and only them."""
     published = json.loads(value) if value else {}
     if operator not in published:
-        raise ConfigurationError(
-            f"the job has no batch parameters for stateful operator {operator!r}; its DataFrame was evaluated "
-            "outside the batch's jobs. Read a stateful operator's output only from an output operation "
-            "(foreach_batch and the like)"
-        )
+        raise missing_params_error(operator)
     return BatchParams.from_json(published[operator])
+
+
+def missing_params_error(operator: str) -> ConfigurationError:
+    """What a task raises when its job carries no parameters for ``operator``."""
+    return ConfigurationError(
+        f"the job has no batch parameters for stateful operator {operator!r}; its DataFrame was evaluated "
+        "outside the batch's jobs, or on a thread other than the one that called the output. Read a stateful "
+        "operator's output only from an output operation (foreach_batch and the like), on the thread that "
+        "called it; to use a thread of your own there, start it as pyspark.InheritableThread, which carries "
+        "the batch's parameters"
+    )
 
 
 # -------------------------------------------------------------------- statistics

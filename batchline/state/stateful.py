@@ -8,7 +8,10 @@ Each batch the operator shuffles its input into ``num_partitions`` state partiti
 ``repartition(n, keys)`` (a shuffle by number, which adaptive execution never coalesces;
 the task count is checked every batch) and runs the state function in ``mapInArrow``. Its
 job caches the output, so outputs that read it never run the function twice, and collects
-the batch's statistics. What is static reaches the tasks as an ``OperatorSpec`` in the task
+the batch's statistics. An operator read by one output only, directly, runs no job of its
+own: its job publishes the batch's parameters, the output's job runs the tasks, and a
+completion job after it takes on their statistics (running any partition the output did
+not evaluate). What is static reaches the tasks as an ``OperatorSpec`` in the task
 closure; what depends on the previous batch (the version to build on, the watermark) as
 ``BatchParams`` in a Spark local property of the job, because the batch's DataFrame is built
 before the previous batch has finished (``batchline.state.contract``).
@@ -20,6 +23,7 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyspark import StorageLevel
@@ -33,7 +37,14 @@ from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job, JobKind
 from batchline.state import operator
-from batchline.state.contract import BatchParams, OperatorSpec, PartitionFacts, Stats
+from batchline.state.contract import (
+    BatchParams,
+    OperatorSpec,
+    PartitionFacts,
+    Stats,
+    error_from_task,
+    missing_params_error,
+)
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.operator import (
@@ -116,6 +127,16 @@ class StatefulNode(StreamNode):
         return StatefulRuntime(self, env, parents)
 
 
+@dataclass(frozen=True)
+class _Started:
+    """A batch's run as decided when its operator job started."""
+
+    params: BatchParams
+    running: frozenset[int]
+    ending: bool
+    watermark_ms: int | None
+
+
 class StatefulRuntime(StreamRuntime):
     """The operator's run: its stored metadata, the version to build on, each batch's statistics."""
 
@@ -159,6 +180,11 @@ class StatefulRuntime(StreamRuntime):
         self._drained: set[int] = set()
         """Partitions finished for good: the inputs ended and they hold no timeout that may fire."""
         self._finished_after: int | None = None
+        self._in_output_job = node.node_id in env.read_by_one_output
+        """Only one output reads the operator, directly: the batch runs inside that output's job
+        (one Spark job fewer, and no pass over the persisted output), completed by a finish job."""
+        self._started: dict[int, _Started] = {}
+        """Batches whose parameters were published and whose tasks run inside the output's job."""
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -333,6 +359,7 @@ class StatefulRuntime(StreamRuntime):
         if stats is not None:
             forget_accumulator(stats)
         self._kept.pop(batch_time, None)
+        self._started.pop(batch_time, None)
 
     def clear_metadata(self, batch_time: int) -> None:
         super().clear_metadata(batch_time)
@@ -372,6 +399,48 @@ class StatefulRuntime(StreamRuntime):
         logger.debug("Operator %s skips batch %s: no row and no timer due", self.name, format_batch_time(batch_time))
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
+        started = self._start(batch_time, df)
+        if started is None:
+            return
+        if self._in_output_job:
+            # The output's job evaluates the DataFrame under the parameters just published to
+            # this thread; the operator's finish job completes the batch after it.
+            self._started[batch_time] = started
+            return
+        self._complete(batch_time, df, started)
+
+    def finish_job(self, batch_time: int) -> Job | None:
+        if not self._in_output_job or batch_time not in self._unfinished:
+            return None
+        df = self.get_or_compute(batch_time)
+        return None if df is None else Job(batch_time, self.name, lambda: self._finish(batch_time, df),
+                                             JobKind.STATE_COMPLETION)
+
+    def _finish(self, batch_time: int, df: DataFrame) -> None:
+        started = self._started.pop(batch_time, None)
+        if started is not None:
+            self._complete(batch_time, df, started)
+
+    def explain_failure(self, error: BaseException) -> BaseException | None:
+        """A state function's error inside the output's job, raised as the operator's own job
+        raises it; and the tasks' error when the output evaluated the DataFrame on a thread of
+        its own, without the batch's parameters (a mistake no retry mends)."""
+        missing = missing_params_error(self.name)
+        seen: set[int] = set()
+        current: BaseException | None = error
+        while self._in_output_job and current is not None and id(current) not in seen:
+            seen.add(id(current))
+            found = error_from_task(current)
+            if found is not None:
+                return found
+            if str(missing) in str(current):
+                return missing
+            current = current.__cause__ or current.__context__
+        return None
+
+    def _start(self, batch_time: int, df: DataFrame) -> _Started | None:
+        """Decide what the batch runs and publish its parameters to this thread's jobs; None
+        when it runs nothing (skipped, or the operator has finished)."""
         # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
         ending = self.parents[0].finished_before(batch_time)
         fire = ending and self.node.times_out_at_end
@@ -384,7 +453,7 @@ class StatefulRuntime(StreamRuntime):
             # Drained in an earlier batch, which ended after this one's job was built: publish
             # parameters under which every task does nothing, for outputs that still read it.
             publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(params, skip=True))
-            return
+            return None
         due = self._partitions_to_run(batch_time, ending, watermark)
         if due is not None and not due:
             self._skip(batch_time, watermark)
@@ -395,7 +464,7 @@ class StatefulRuntime(StreamRuntime):
             with self._lock:
                 self._generated[batch_time] = self.env.empty_frame(self.node.output_schema.struct)
             df.unpersist()
-            return
+            return None
         running = frozenset(range(self.num_partitions)) if due is None else due
         if due is not None:
             params = dataclasses.replace(params, idle_partitions=tuple(
@@ -405,7 +474,17 @@ class StatefulRuntime(StreamRuntime):
         if self.metadata is not None:
             self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
                 self.name, self.metadata.num_partitions, self.metadata.generation))
-        run_batch_job(self.env.spark.sparkContext, self.name, params, df)
+        publish_batch_params(self.env.spark.sparkContext, self.name, params)
+        return _Started(params, running, ending, watermark)
+
+    def _complete(self, batch_time: int, df: DataFrame, started: _Started) -> None:
+        """Run what no job ran yet, then take on what the tasks reported."""
+        if not self._all_reported(batch_time):
+            # The operator's own job; or, after an output's job, the partitions it did not evaluate
+            # (it had committed the batch before a crash and wrote nothing, or read only some rows):
+            # the DataFrame is persisted, so the partitions it did evaluate are not run again.
+            run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
+        running, ending, watermark = started.running, started.ending, started.watermark_ms
         self._rerun_whole.discard(batch_time)
         stats: Stats = self._stats[batch_time].value
         if stats.max_event_time_ms is not None:
@@ -422,6 +501,10 @@ class StatefulRuntime(StreamRuntime):
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
+
+    def _all_reported(self, batch_time: int) -> bool:
+        """Whether every partition's task reported for the batch (in this attempt or an earlier one)."""
+        return self._stats[batch_time].value.partitions == (1 << self.num_partitions) - 1
 
     def _partitions_to_run(self, batch_time: int, ending: bool, watermark_ms: int | None) -> frozenset[int] | None:
         """Which partitions the batch must run: None for all (rows came, or the driver does
@@ -481,7 +564,7 @@ class StatefulRuntime(StreamRuntime):
         if batch_time not in self._ran:
             return
         stats: Stats = self._stats[batch_time].value
-        if stats.partitions != (1 << self.num_partitions) - 1:
+        if not self._all_reported(batch_time):
             del self._ran[batch_time]
             raise ConfigurationError(
                 f"operator {self.name!r} ran {bin(stats.partitions).count('1')} of its {self.num_partitions} state "

@@ -60,6 +60,8 @@ class RuntimeEnv:
     """Ids of the nodes some output reads from."""
     readers: Mapping[int, Readers] = field(default_factory=dict)
     """Per input node id: who reads its rows."""
+    read_by_one_output: frozenset[int] = frozenset()
+    """Ids of the nodes only one output operation reads, directly (``StreamGraph.read_by_one_output``)."""
 
     def empty_frame(self, schema: StructType) -> DataFrame:
         return self.spark.createDataFrame([], schema)
@@ -244,6 +246,16 @@ class StreamRuntime(ABC):
 
     def prepare_job(self, batch_time: int) -> Job | None:
         """A job that must run before the batch's outputs (run the state function)."""
+        return None
+
+    def finish_job(self, batch_time: int) -> Job | None:
+        """A job that must run after the batch's outputs: complete work that ran inside an
+        output's job (a stateful operator read by one output only)."""
+        return None
+
+    def explain_failure(self, error: BaseException) -> BaseException | None:
+        """What an output's failed job means when this stream's own work ran inside it (a state
+        function that raised): the error to raise instead, or None to raise ``error`` as it is."""
         return None
 
     def after_jobs(self, batch_time: int) -> None:

@@ -117,6 +117,14 @@ class StreamGraph:
                 len(readers), first is not None and (not isinstance(first, OutputOperation) or first.reads_all_rows))
         return found
 
+    def read_by_one_output(self) -> frozenset[int]:
+        """Ids of the nodes whose rows only one output operation reads, directly (no other
+        node reads them, no window, no second output): a stateful operator among them runs
+        inside that output's job instead of a job of its own."""
+        children = {parent.node_id for node in self.nodes() for parent in node.parents}
+        outputs = [op.node.node_id for op in self.outputs]
+        return frozenset(i for i in outputs if outputs.count(i) == 1 and i not in children)
+
     def consumed(self) -> frozenset[int]:
         """Ids of the nodes some output reads from."""
         return frozenset(i for op in self.outputs for i in op.node.ancestors())

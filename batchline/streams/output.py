@@ -54,6 +54,13 @@ class OutputOperation:
             if not runtime.finished_before(batch_time) and runtime.has_rows(batch_time):
                 # The token as the job runs: the one this driver's commit marker will carry.
                 token = checkpoint.lease.token if checkpoint is not None else None
-                sink.write(df, BatchContext(stamp, self.name, pipeline, NO_FENCING_TOKEN if token is None else token))
+                try:
+                    sink.write(df, BatchContext(stamp, self.name, pipeline,
+                                                NO_FENCING_TOKEN if token is None else token))
+                except Exception as error:
+                    explained = runtime.explain_failure(error)  # a state function that raised in this job
+                    if explained is None:
+                        raise
+                    raise explained from None
 
         return Job(batch_time, self.name, run, JobKind.OUTPUT)

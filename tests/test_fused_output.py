@@ -1,0 +1,127 @@
+"""A stateful operator read by one output only runs inside that output's Spark job (issue 17):
+one job per batch; and whatever the output does with its DataFrame (reads every row, some
+rows, none, on another thread), every partition's function runs once per batch."""
+
+import threading
+
+import pytest
+from pyspark import InheritableThread
+
+from batchline import StreamingContext
+from batchline.clock import ManualClock
+from batchline.state import read_state
+from batchline.testing import BatchRecorder, CollectSink, list_stream
+
+START, INTERVAL, PARTITIONS = 100_000, 1000, 3
+BATCHES = [[(f"k{i % 7}", 1) for i in range(30)], [(f"k{i % 5}", 1) for i in range(10)]]
+EXPECTED = {f"k{i}": (30 // 7 + (i < 30 % 7)) + (2 if i < 5 else 0) for i in range(7)}
+
+
+def count_rows(key, rows, state):
+    count = (state.get()[0] if state.exists else 0) + sum(1 for _ in rows)
+    state.update((count,))
+    yield (key, count)
+
+
+def run(spark, tmp_path, build_outputs, batches=BATCHES, **context):
+    """``len(batches)`` batches of the running count, outputs built by ``build_outputs(stream)``;
+    returns the recorder, the context and the checkpoint."""
+    checkpoint = str(tmp_path / "checkpoint")
+    clock = ManualClock(START)
+    ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=checkpoint, **context)
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    counts = list_stream(ssc, batches, "key string, n long").group_by_key("key").flat_map_groups_with_state(
+        count_rows, state_schema="count long", output_schema="key string, count long", name="counts",
+        num_partitions=PARTITIONS)
+    build_outputs(counts)
+    ssc.start()
+    try:
+        for i in range(len(batches)):
+            clock.advance(INTERVAL)
+            recorder.wait_for_batch(START + (i + 1) * INTERVAL, 120)
+    finally:
+        ssc.stop()
+    return recorder, ssc, checkpoint
+
+
+def jobs_of(spark, ssc, batch_time: int) -> list[int]:
+    prefix = ssc._scheduler.settings.job_group_prefix
+    return spark.sparkContext.statusTracker().getJobIdsForGroup(f"{prefix}-{batch_time}")
+
+
+def state_of(spark, checkpoint: str) -> dict[str, int]:
+    return {r["key"]: r["count"] for r in read_state(spark, checkpoint, "counts").collect()}
+
+
+def test_one_output_one_job_two_outputs_a_job_of_the_operator_s_own(spark, tmp_path):
+    one = CollectSink()
+    recorder, ssc, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(one, name="one"))
+    for info in recorder.completed:
+        assert info.failure is None, info.failure
+        assert len(jobs_of(spark, ssc, info.batch_time)) == 1  # read, shuffle, state and output in one job
+        assert info.state_operators["counts"].keys_called == len({k for k, _ in BATCHES[info.batch_time // INTERVAL
+                                                                                       - START // INTERVAL - 1]})
+    assert sorted((r["key"], r["count"]) for r in one.batches[START + 2 * INTERVAL]) == [
+        (f"k{i}", EXPECTED[f"k{i}"]) for i in range(5)]
+    assert state_of(spark, checkpoint) == EXPECTED
+
+    first, second = CollectSink(), CollectSink()
+
+    def two(counts):
+        counts.foreach_batch(first, name="first")
+        counts.foreach_batch(second, name="second")
+
+    recorder, ssc, checkpoint = run(spark, tmp_path / "two", two)
+    for info in recorder.completed:
+        assert len(jobs_of(spark, ssc, info.batch_time)) == 3  # the operator's job, then one per output
+    assert first.batches == second.batches
+    assert state_of(spark, checkpoint) == EXPECTED
+
+
+@pytest.mark.parametrize("reads", ["nothing", "one row"])
+def test_an_output_that_reads_few_rows_or_none_still_runs_every_partition_once(spark, tmp_path, reads):
+    def output(df, batch_time):
+        if reads == "one row":
+            df.limit(1).collect()
+
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(output, name="out"))
+    for info, batch in zip(recorder.completed, BATCHES, strict=True):
+        assert info.failure is None, info.failure
+        progress = info.state_operators["counts"]
+        assert (progress.input_rows, progress.keys_called) == (len(batch), len({k for k, _ in batch}))
+    assert state_of(spark, checkpoint) == EXPECTED
+
+
+def test_a_thread_of_the_output_s_own_must_carry_the_batch_s_parameters(spark, tmp_path):
+    seen: list[int] = []
+
+    def inheritable(df, batch_time):
+        worker = InheritableThread(target=lambda: seen.append(df.count()))
+        worker.start()
+        worker.join()
+
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(inheritable, name="out"))
+    assert seen == [7, 5]
+    assert state_of(spark, checkpoint) == EXPECTED
+
+    errors: list[BaseException] = []
+
+    def plain(df, batch_time):
+        def count() -> None:
+            try:
+                df.count()
+            except BaseException as error:  # noqa: BLE001 - handed to the output's thread
+                errors.append(error)
+
+        worker = threading.Thread(target=count)
+        worker.start()
+        worker.join()
+        raise errors[0]
+
+    # Not retried: the same code fails the same way.
+    recorder, _, _ = run(spark, tmp_path / "plain", lambda counts: counts.foreach_batch(plain, name="out"),
+                         batches=BATCHES[:1])
+    (failed,) = recorder.completed
+    assert failed.attempts == 1
+    assert failed.failure is not None and "pyspark.InheritableThread" in failed.failure, failed.failure
