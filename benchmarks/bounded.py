@@ -263,7 +263,9 @@ class Side:
         for line in self.lines:
             fields = line.split()
             if line.startswith("log ") and fields[2:4] == ["Starting", "job"]:
-                starts[int(fields[7])].append((fields[4], float(fields[1])))
+                # "Starting job <Job.describe()> of batch <time>": "operator 'sessions'", "output 'out'",
+                # "completion of operator 'sessions'"
+                starts[int(fields[-1])].append((" ".join(fields[4:-3]), float(fields[1])))
         jobs = {}
         for batch_time, started in starts.items():
             ends = [at for _, at in started[1:]] + [completed.get(batch_time, started[-1][1])]

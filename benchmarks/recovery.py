@@ -144,9 +144,12 @@ def driver(input_dir: str, checkpoint: str, out: str, calls: str, burn_iteration
             args = record.args
             if isinstance(record.msg, str) and record.msg.startswith("Starting job") and isinstance(args, tuple) \
                     and len(args) == 2:
-                what, _, name = str(args[0]).partition(" ")
+                what, _, name = str(args[0]).rpartition(" ")
                 name = name.strip("'")
-                name = {"operator": f"state:{name}", "input": f"read:{name}"}.get(what, name)
+                # The operator read by one output only runs inside that output's job: its "state"
+                # job only publishes the batch's parameters, its "completion" job takes on the reports.
+                name = {"operator": f"state:{name}", "input": f"read:{name}",
+                        "completion of operator": f"completion:{name}"}.get(what, name)
                 print(f"job {name} {args[1]} {record.created:.3f}", flush=True)
 
     scheduler_log = logging.getLogger("batchline.scheduler.job_scheduler")

@@ -52,6 +52,7 @@ def test_frozen_cyclic_garbage_is_collected_once_the_frozen_objects_doubled(monk
     gc.collect()
     monkeypatch.setattr(collector, "_frozen_after_full", 0)
     monkeypatch.setattr(collector, "FULL_COLLECTION_FLOOR", 2)
+    monkeypatch.setattr(collector, "CHECK_EVERY", 1)
     with paused_collector():
         pass  # the first time: a full collection, which sets the baseline
     baseline = collector._frozen_after_full

@@ -2,13 +2,17 @@
 one job per batch; and whatever the output does with its DataFrame (reads every row, some
 rows, none, on another thread), every partition's function runs once per batch."""
 
+import os
 import threading
 
+import pyarrow as pa
 import pytest
 from pyspark import InheritableThread
 
 from batchline import StreamingContext
 from batchline.clock import ManualClock
+from batchline.scheduler.listener import BatchInfo, StreamingListener
+from batchline.scheduler.retry import RetryPolicy
 from batchline.state import read_state
 from batchline.testing import BatchRecorder, CollectSink, list_stream
 
@@ -125,3 +129,60 @@ def test_a_thread_of_the_output_s_own_must_carry_the_batch_s_parameters(spark, t
     (failed,) = recorder.completed
     assert failed.attempts == 1
     assert failed.failure is not None and "pyspark.InheritableThread" in failed.failure, failed.failure
+
+
+class _AdvanceOnRetry(StreamingListener):
+    """Moves the manual clock past a retry's backoff, which waits on it."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    def on_batch_retrying(self, info: BatchInfo) -> None:
+        self.clock.advance(10_000)
+
+
+def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partition_kept(spark, tmp_path):
+    """The output's own task code fails once in one partition, after that partition's state
+    function ran inside the same task (its rows cached, its finish recorded): the retry reads
+    the cached rows without running the function again, and the batch commits exactly."""
+    marker = str(tmp_path / "failed-once")
+    written: dict[int, list[tuple[str, int]]] = {}
+
+    def writer(batches):
+        from pyspark import TaskContext
+
+        rows = [row for batch in batches for row in zip(*[c.to_pylist() for c in batch.columns], strict=True)]
+        if TaskContext.get().partitionId() == 0 and not os.path.exists(marker):
+            open(marker, "w").close()
+            raise RuntimeError("injected: the write fails after the partition's state function ran")
+        yield pa.RecordBatch.from_pylist([{"key": k, "count": c} for k, c in rows],
+                                         schema=pa.schema([("key", pa.string()), ("count", pa.int64())]))
+
+    def output(df, batch_time):
+        written[batch_time] = [(r["key"], r["count"]) for r in df.mapInArrow(writer, "key string, count long")
+                               .collect()]
+
+    checkpoint = str(tmp_path / "checkpoint")
+    clock = ManualClock(START)
+    ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=checkpoint,
+                           retry=RetryPolicy(max_attempts=3, initial_backoff="10ms"))
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    ssc.add_listener(_AdvanceOnRetry(clock))
+    list_stream(ssc, BATCHES, "key string, n long").group_by_key("key").flat_map_groups_with_state(
+        count_rows, state_schema="count long", output_schema="key string, count long", name="counts",
+        num_partitions=PARTITIONS).foreach_batch(output, name="out")
+    ssc.start()
+    try:
+        for i in range(len(BATCHES)):
+            clock.advance(INTERVAL)
+            recorder.wait_for_batch(START + (i + 1) * INTERVAL, 120)
+    finally:
+        ssc.stop()
+    assert os.path.exists(marker)
+    first, second = (recorder.wait_for_batch(START + i * INTERVAL) for i in (1, 2))
+    assert (first.failure, first.attempts, second.failure, second.attempts) == (None, 2, None, 1)
+    progress = first.state_operators["counts"]
+    assert (progress.input_rows, progress.keys_called) == (30, 7)
+    assert sorted(written[first.batch_time]) == sorted((f"k{i}", 30 // 7 + (i < 30 % 7)) for i in range(7))
+    assert state_of(spark, checkpoint) == EXPECTED

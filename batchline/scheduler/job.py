@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from batchline.errors import ContextStateError
 from batchline.scheduler.input_info import StreamInputInfo
 
-__all__ = ["Job", "JobKind", "JobSet", "BatchState"]
+__all__ = ["Job", "JobKind", "JobSet", "BatchState", "FailedIn"]
 
 
 class JobKind(enum.Enum):
@@ -40,6 +40,17 @@ class Job:
         what = {JobKind.READ: "input", JobKind.STATE: "operator", JobKind.OUTPUT: "output",
                 JobKind.STATE_COMPLETION: "completion of operator"}[self.kind]
         return f"{what} '{self.name}'"
+
+
+class FailedIn(Exception):  # noqa: N818 - read as "failed in <job>"
+    """Raised by a job whose Spark job also ran another part of the batch's work (a stateful
+    operator read by one output only runs inside that output's job) when that part failed: the
+    batch's failure names ``job``, and ``cause`` is what that part raised."""
+
+    def __init__(self, job: Job, cause: BaseException) -> None:
+        super().__init__(f"{job.describe()}: {cause}")
+        self.job = job
+        self.cause = cause
 
 
 class BatchState(enum.Enum):

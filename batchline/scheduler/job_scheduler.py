@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
 from batchline.errors import BatchFailedError, short_cause
-from batchline.scheduler.job import BatchState, Job, JobSet
+from batchline.scheduler.job import BatchState, FailedIn, Job, JobSet
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.retry import RetryPolicy
 
@@ -150,6 +150,8 @@ class JobScheduler:
             started = self._clock.now_ms()
             try:
                 job.run()
+            except FailedIn as failure:
+                return failure.job, failure.cause
             except BaseException as cause:
                 return job, cause
             finally:

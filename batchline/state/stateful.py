@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,7 @@ from pyspark.sql.types import StructType
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
-from batchline.scheduler.job import Job, JobKind
+from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.state import operator
 from batchline.state.contract import (
     BatchParams,
@@ -185,6 +185,8 @@ class StatefulRuntime(StreamRuntime):
         (one Spark job fewer, and no pass over the persisted output), completed by a finish job."""
         self._started: dict[int, _Started] = {}
         """Batches whose parameters were published and whose tasks run inside the output's job."""
+        self._final_stats: dict[int, Stats] = {}
+        """Per batch whose job ran: what its partitions reported, in all."""
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -360,6 +362,7 @@ class StatefulRuntime(StreamRuntime):
             forget_accumulator(stats)
         self._kept.pop(batch_time, None)
         self._started.pop(batch_time, None)
+        self._final_stats.pop(batch_time, None)
 
     def clear_metadata(self, batch_time: int) -> None:
         super().clear_metadata(batch_time)
@@ -421,26 +424,37 @@ class StatefulRuntime(StreamRuntime):
         if started is not None:
             self._complete(batch_time, df, started)
 
-    def explain_failure(self, error: BaseException) -> BaseException | None:
-        """A state function's error inside the output's job, raised as the operator's own job
-        raises it; and the tasks' error when the output evaluated the DataFrame on a thread of
-        its own, without the batch's parameters (a mistake no retry mends)."""
+    def explain_failure(self, batch_time: int, error: BaseException) -> BaseException | None:
+        """A failure of the operator's own part of its output's job is the operator's, as if
+        its own job had failed: a state function's error (raised as ``StateFunctionError``), or
+        a task that did not finish its partition (a Python worker that died). An output that
+        evaluated the DataFrame on a thread without the batch's parameters made a mistake no
+        retry mends: that is raised as a ``ConfigurationError``."""
+        if not self._in_output_job:
+            return None
         missing = missing_params_error(self.name)
-        seen: set[int] = set()
-        current: BaseException | None = error
-        while self._in_output_job and current is not None and id(current) not in seen:
-            seen.add(id(current))
-            found = error_from_task(current)
+        for cause in _causes(error):
+            found = error_from_task(cause)
             if found is not None:
-                return found
-            if str(missing) in str(current):
+                return FailedIn(self._naming_job(batch_time), found)
+            if str(missing) in str(cause):
                 return missing
-            current = current.__cause__ or current.__context__
+        started = self._started.get(batch_time)
+        if started is not None and not self._all_reported(self._reported(batch_time, started.params)):
+            root = error
+            while root.__cause__ is not None:  # the Spark job's error under the sink's
+                root = root.__cause__
+            return FailedIn(self._naming_job(batch_time), root)
         return None
+
+    def _naming_job(self, batch_time: int) -> Job:
+        """The operator's job of the batch, as a failure inside its output's job names it."""
+        return Job(batch_time, self.name, lambda: None, JobKind.STATE)
 
     def _start(self, batch_time: int, df: DataFrame) -> _Started | None:
         """Decide what the batch runs and publish its parameters to this thread's jobs; None
         when it runs nothing (skipped, or the operator has finished)."""
+        self._started.pop(batch_time, None)  # an earlier attempt's decision does not hold
         # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
         ending = self.parents[0].finished_before(batch_time)
         fire = ending and self.node.times_out_at_end
@@ -479,14 +493,16 @@ class StatefulRuntime(StreamRuntime):
 
     def _complete(self, batch_time: int, df: DataFrame, started: _Started) -> None:
         """Run what no job ran yet, then take on what the tasks reported."""
-        if not self._all_reported(batch_time):
-            # The operator's own job; or, after an output's job, the partitions it did not evaluate
-            # (it had committed the batch before a crash and wrote nothing, or read only some rows):
-            # the DataFrame is persisted, so the partitions it did evaluate are not run again.
+        stats = self._reported(batch_time, started.params) if self._in_output_job else None
+        if stats is None or not self._all_reported(stats):
+            # The operator's own job; or, after its output's job, the partitions that job did not
+            # evaluate (it had committed the batch before a crash and wrote nothing, or read only
+            # some rows): the DataFrame is persisted, so what it evaluated does not run again.
             run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
+            stats = self._reported(batch_time, started.params)
+        self._final_stats[batch_time] = stats
         running, ending, watermark = started.running, started.ending, started.watermark_ms
         self._rerun_whole.discard(batch_time)
-        stats: Stats = self._stats[batch_time].value
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
         self._ran[batch_time] = running - self._drained
@@ -502,9 +518,25 @@ class StatefulRuntime(StreamRuntime):
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
 
-    def _all_reported(self, batch_time: int) -> bool:
-        """Whether every partition's task reported for the batch (in this attempt or an earlier one)."""
-        return self._stats[batch_time].value.partitions == (1 << self.num_partitions) - 1
+    def _reported(self, batch_time: int, params: BatchParams) -> Stats:
+        """What the batch's tasks reported, completed from the partitions' finish records: a
+        task that finished its partition inside the output's job and then failed in the
+        output's own part (a write that failed) reports nothing, and a retry of the batch reads
+        the partition's cached rows without running it again. Partitions that sat the batch
+        out, or had drained, did nothing to report."""
+        stats: Stats = self._stats[batch_time].value
+        generation = self.metadata.generation if self.metadata is not None else 0
+        for p in range(self.num_partitions):
+            if stats.partitions >> p & 1:
+                continue
+            if p in params.idle_partitions or p in params.finished_partitions:
+                stats = stats.merge(Stats(partitions=1 << p))
+            elif (record := self._checkpoint.events.finished(batch_time, self.name, generation, p)) is not None:
+                stats = stats.merge(Stats.from_json(record.stats))
+        return stats
+
+    def _all_reported(self, stats: Stats) -> bool:
+        return stats.partitions == (1 << self.num_partitions) - 1
 
     def _partitions_to_run(self, batch_time: int, ending: bool, watermark_ms: int | None) -> frozenset[int] | None:
         """Which partitions the batch must run: None for all (rows came, or the driver does
@@ -563,11 +595,21 @@ class StatefulRuntime(StreamRuntime):
         """Every state partition ran: a partition that did not would lose its keys' batch."""
         if batch_time not in self._ran:
             return
-        stats: Stats = self._stats[batch_time].value
-        if not self._all_reported(batch_time):
+        stats = self._final_stats[batch_time]
+        if not self._all_reported(stats):
             del self._ran[batch_time]
             raise ConfigurationError(
                 f"operator {self.name!r} ran {bin(stats.partitions).count('1')} of its {self.num_partitions} state "
                 "partitions; something (adaptive execution?) changed the shuffle, and state partitions must keep "
                 "their identity"
             )
+
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then what it was raised from or while handling, once each."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__

@@ -89,8 +89,8 @@ class StreamNode(ABC):
     all-to-all edge for the trigger set); otherwise partition i reads its parents' partition i."""
     materializes = False
     """True when a job of its own (``prepare_job``) reads every row of its input and keeps its
-    output for the jobs after it (stateful operators): readers downstream do not read its
-    parents again."""
+    output for the jobs after it (stateful operators), or, read by one output only, that
+    output's job does: readers downstream do not read its parents again."""
 
     def __init__(self, parents: Sequence[StreamNode] = ()) -> None:
         self.parents: tuple[StreamNode, ...] = tuple(parents)
@@ -245,7 +245,8 @@ class StreamRuntime(ABC):
         return None
 
     def prepare_job(self, batch_time: int) -> Job | None:
-        """A job that must run before the batch's outputs (run the state function)."""
+        """A job that must run before the batch's outputs (run the state function, or decide
+        and publish what the output's job runs of it)."""
         return None
 
     def finish_job(self, batch_time: int) -> Job | None:
@@ -253,9 +254,10 @@ class StreamRuntime(ABC):
         output's job (a stateful operator read by one output only)."""
         return None
 
-    def explain_failure(self, error: BaseException) -> BaseException | None:
+    def explain_failure(self, batch_time: int, error: BaseException) -> BaseException | None:
         """What an output's failed job means when this stream's own work ran inside it (a state
-        function that raised): the error to raise instead, or None to raise ``error`` as it is."""
+        function that raised, a task of the operator that died): the error to raise instead (a
+        ``FailedIn`` names the part that failed), or None to raise ``error`` as it is."""
         return None
 
     def after_jobs(self, batch_time: int) -> None:

@@ -88,7 +88,8 @@ class StreamGraph:
     def readers(self, node: StreamNode) -> list[StreamNode | OutputOperation]:
         """What reads ``node``'s rows in a batch's jobs, in the order the jobs run: first the
         nearest nodes downstream that materialize (their own job reads all their input), then
-        the outputs that reach ``node`` through none of them."""
+        the outputs that reach ``node`` through none of them; a materializing node that runs
+        inside its only output's job reads at that output's place."""
         children: dict[int, list[StreamNode]] = {}
         for child in self.nodes():
             for parent in child.parents:
@@ -104,8 +105,12 @@ class StreamGraph:
                     plain.add(child.node_id)
                     pending.append(child)
         plain.add(node.node_id)
-        outputs = [op for op in self.outputs if op.node.node_id in plain]
-        return [*sorted(materializing.values(), key=lambda n: n.node_id), *outputs]
+        in_output_job = self.read_by_one_output() & materializing.keys()
+        first = [n for n in sorted(materializing.values(), key=lambda n: n.node_id) if n.node_id not in in_output_job]
+        in_order: list[StreamNode | OutputOperation] = [
+            materializing[op.node.node_id] if op.node.node_id in in_output_job else op
+            for op in self.outputs if op.node.node_id in plain or op.node.node_id in in_output_job]
+        return [*first, *in_order]
 
     def input_readers(self) -> dict[int, Readers]:
         """``readers`` of every input, as the inputs' runtimes see them."""
@@ -119,11 +124,13 @@ class StreamGraph:
 
     def read_by_one_output(self) -> frozenset[int]:
         """Ids of the nodes whose rows only one output operation reads, directly (no other
-        node reads them, no window, no second output): a stateful operator among them runs
-        inside that output's job instead of a job of its own."""
+        node reads them, no window, no second output), and reads all of them: a stateful
+        operator among them runs inside that output's job instead of a job of its own."""
         children = {parent.node_id for node in self.nodes() for parent in node.parents}
         outputs = [op.node.node_id for op in self.outputs]
-        return frozenset(i for i in outputs if outputs.count(i) == 1 and i not in children)
+        return frozenset(op.node.node_id for op in self.outputs
+                         if outputs.count(op.node.node_id) == 1 and op.node.node_id not in children
+                         and op.reads_all_rows)
 
     def consumed(self) -> frozenset[int]:
         """Ids of the nodes some output reads from."""

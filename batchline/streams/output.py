@@ -58,7 +58,7 @@ class OutputOperation:
                     sink.write(df, BatchContext(stamp, self.name, pipeline,
                                                 NO_FENCING_TOKEN if token is None else token))
                 except Exception as error:
-                    explained = runtime.explain_failure(error)  # a state function that raised in this job
+                    explained = runtime.explain_failure(batch_time, error)  # e.g. a state function that raised
                     if explained is None:
                         raise
                     raise explained from None

@@ -22,6 +22,10 @@ Write your own in one file::
 
 ``write`` runs on the driver and may start Spark jobs (``df.mapInArrow``, ``df.foreachPartition``,
 ``df.collect``); code that runs in tasks gets the sink pickled, so open connections there.
+Start them from the thread ``write`` was called on, before it returns: a stateful operator
+that only this output reads runs inside the output's job, and its tasks find the batch's
+parameters among that thread's Spark local properties (a thread of your own must be a
+``pyspark.InheritableThread``).
 """
 
 from __future__ import annotations
