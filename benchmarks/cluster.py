@@ -7,13 +7,14 @@ A. Restart after kill -9 to the first batch with new rows (``benchmarks.checkpoi
    the repeats. Structured Streaming's checkpoint goes through Hadoop's file systems and pip's
    PySpark has no S3 connector, so it stays on local disk (an advantage to it); batchline is
    also run with its checkpoint on local disk, to compare like with like and to see what the
-   S3 checkpoint costs. Both write their output to the S3 endpoint through batchline's
-   ``FileSink``.
+   S3 checkpoint costs. Both read their input from local disk (the executors are on this
+   machine) and write their output to the S3 endpoint through batchline's ``FileSink``.
 B. A 400-event batch of the cluster tests' pipeline (checkpoint and output on S3, 500 ms
    interval; ``benchmarks.cluster_batch_driver``) against a bare PySpark job of the same shape
-   in the same driver, rounds alternating. The engine's batch time is its progress record's
-   processing plus commit (first job start to commit marker written); its generation overlaps
-   the batch before (``max_batches_ahead``), so it is given apart.
+   in the same driver, after a warm-up round of both, the side going first alternating. The
+   engine's batch time is its progress record's processing plus commit (first job start to
+   commit marker written); its generation overlaps the batch before (``max_batches_ahead``),
+   so it is given apart.
 
     python -m benchmarks.cluster [--repeats 3] [--batches 30] [--warmup 5]
 """
