@@ -4,9 +4,11 @@
    a file source that remembers 200,000 processed files (about 9 MB of checkpoint), a
    checkpoint after every 250 ms batch, against the same pipeline without checkpoints.
    Checkpoints are written by their own thread, so batches should not wait for them.
-2. Restart time: process start to the first batch with new rows completed, for batchline
-   and for Spark Structured Streaming restarting on the same input and history (30 earlier
-   batches), each run as a fresh driver process, alternating, median of the repeats.
+2. Restart time: process start to the first batch with new rows completed (a re-run of the
+   batch the kill cut short does not count), for batchline and for Spark Structured Streaming
+   restarting on the same input and history (30 earlier batches), each run as a fresh driver
+   process, alternating, median of the repeats. ``benchmarks.cluster`` runs the same on a
+   standalone cluster with the checkpoint on an S3 endpoint.
 
     python -m benchmarks.checkpoint_restart [--repeats 3]
 """
@@ -22,6 +24,8 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from batchline import StreamingContext, StreamingListener
@@ -108,20 +112,20 @@ def _write_files(folder: Path, start: int, count: int) -> None:
         (folder / f"events-{f:05d}.json").write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
-def _driver(engine: str, root: Path) -> subprocess.Popen[str]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "benchmarks.restart_driver", engine, str(root / "in"), str(root / "out"),
-         str(root / "checkpoint")],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=Path(__file__).parent.parent,
-    )
+def _driver(engine: str, root: Path, where: Sequence[str]) -> subprocess.Popen[str]:
+    with open(root / "driver.log", "ab") as log:  # the driver's stderr, for the error if it fails
+        return subprocess.Popen(
+            [sys.executable, "-m", "benchmarks.restart_driver", engine, str(root / "in"), *where],
+            stdout=subprocess.PIPE, stderr=log, text=True, cwd=Path(__file__).parent.parent,
+        )
 
 
-def _build_history(engine: str, root: Path) -> None:
+def _build_history(engine: str, root: Path, where: Sequence[str]) -> None:
     """A first run that processes HISTORY_FILES files arriving one by one, then dies (SIGKILL)."""
     history = root / "history"
     history.mkdir()
     _write_files(history, 0, HISTORY_FILES)
-    process = _driver(engine, root)
+    process = _driver(engine, root, where)
     assert process.stdout is not None
     rows = 0
     for line in process.stdout:
@@ -133,6 +137,8 @@ def _build_history(engine: str, root: Path) -> None:
                 break
     process.kill()
     process.wait()
+    if rows < HISTORY_FILES * ROWS_PER_FILE:
+        raise RuntimeError(f"the {engine} driver exited while building the history:\n{_tail(root)}")
 
 
 def _feed(files: list[Path], incoming: Path) -> None:
@@ -141,19 +147,44 @@ def _feed(files: list[Path], incoming: Path) -> None:
         time.sleep(0.6)
 
 
-def restart_time(engine: str, root: Path) -> float:
-    """Seconds from process start to the first batch with rows, after a crash with new data waiting."""
+def _tail(root: Path, lines: int = 30) -> str:
+    return "\n".join((root / "driver.log").read_text(errors="replace").splitlines()[-lines:])
+
+
+@dataclass(frozen=True)
+class Restart:
+    """One restart, in seconds from the driver's process start."""
+
+    session_s: float
+    """Its SparkSession is up (``session``)."""
+    first_batch_s: float
+    """The first batch with new rows is written."""
+    rows_before: int
+    """Rows of batches before that one: a re-run of the batch the kill cut short."""
+
+
+def restart_time(engine: str, root: Path, where: Sequence[str] = ()) -> Restart:
+    """Process start to the first batch with new rows completed, after a crash with new data
+    waiting. ``where``: the driver's OUT, CHECKPOINT and options (default: local[2], both under
+    ``root``; ``benchmarks.cluster`` passes a standalone master and the S3 endpoint)."""
+    where = list(where) or [str(root / "out"), str(root / "checkpoint")]
     (root / "in").mkdir()
-    _build_history(engine, root)
+    _build_history(engine, root, where)
     _write_files(root / "in", 1000, 5)
     began = time.perf_counter()
-    process = _driver(engine, root)
+    process = _driver(engine, root, where)
     assert process.stdout is not None
+    session, rows_before = 0.0, 0
     try:
         for line in process.stdout:
-            if line.startswith("batch "):
-                return time.perf_counter() - began
-        raise RuntimeError(f"the {engine} driver exited without a batch")
+            if line.startswith("session"):
+                session = time.perf_counter() - began
+            elif line.startswith("batch "):
+                _, rows, new = line.split()
+                if int(new) > 0:
+                    return Restart(session, time.perf_counter() - began, rows_before)
+                rows_before += int(rows)  # a re-run of the batch the kill cut short
+        raise RuntimeError(f"the {engine} driver exited without a batch:\n{_tail(root)}")
     finally:
         process.kill()
         process.wait()
@@ -169,7 +200,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for engine in ("batchline", "sss"):
             with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as root:
-                samples[engine].append(restart_time(engine, Path(root)))
+                samples[engine].append(restart_time(engine, Path(root)).first_batch_s)
                 print(f"restart {engine}: {samples[engine][-1]:.2f} s", flush=True)
     restart = {
         "batchline_s_median": round(statistics.median(samples["batchline"]), 2),

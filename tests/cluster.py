@@ -24,6 +24,8 @@ import pyspark
 
 WORKER_ENV = "BATCHLINE_TEST_WORKER"
 START_TIMEOUT_S = 90.0
+DRIVER_CONF = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "768m", "spark.cores.max": "2"}
+"""What a driver on this cluster sets: executors that fit a worker's 1g, one per worker."""
 
 
 def free_port() -> int:

@@ -38,6 +38,7 @@ from batchline import StreamingContext, StreamingListener  # noqa: E402
 from batchline.exclusion import ExcludeOnFailure  # noqa: E402
 from batchline.scheduler.retry import RetryPolicy  # noqa: E402
 from batchline.spark import local_spark_session  # noqa: E402
+from tests.cluster import DRIVER_CONF  # noqa: E402
 from tests.helpers import exit_with, run_until_finished  # noqa: E402
 
 USERS, SEED = 40, 7
@@ -90,6 +91,23 @@ def hold(hold_file: str) -> None:
     os._exit(1)  # the executor is gone: nothing reads this worker's answers any more
 
 
+def numbering_pipeline(spark, checkpoint: str, out: str, options: dict, total: int,
+                       number_events) -> StreamingContext:
+    """The pipeline the cluster tests (and ``benchmarks.cluster``) run: 400-event batches of the
+    generator every 500 ms, numbered per user by ``number_events`` with state in 3 partitions,
+    written as JSON; checkpoint and output at ``options``' endpoint."""
+    ssc = StreamingContext(spark, "500ms", checkpoint=checkpoint, checkpoint_interval="1s",
+                           checkpoint_storage_options=options,
+                           retry=RetryPolicy(max_attempts=4, initial_backoff="1s", max_backoff="4s"))
+    events = ssc.generator_stream(4000, users=USERS, seed=SEED, partitions=2, max_records_per_batch=400,
+                                  total=total)
+    numbered = events.group_by_key("id").flat_map_groups_with_state(
+        number_events, state_schema="count long", output_schema="event string, user int, seq long",
+        name="numbering", num_partitions=3)
+    numbered.write_files(out, "json", storage_options=options)
+    return ssc
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("master")
@@ -106,20 +124,11 @@ def main() -> int:
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("batchline").setLevel(logging.INFO)
-    conf = {"spark.driver.host": "127.0.0.1", "spark.executor.memory": "768m", "spark.cores.max": "2"}
-    spark = local_spark_session(args.master, "cluster-driver", shuffle_partitions=2, conf=conf,
+    spark = local_spark_session(args.master, "cluster-driver", shuffle_partitions=2, conf=DRIVER_CONF,
                                 exclude_on_failure=ExcludeOnFailure())
-    ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s",
-                           checkpoint_storage_options=options,
-                           retry=RetryPolicy(max_attempts=4, initial_backoff="1s", max_backoff="4s"))
+    ssc = numbering_pipeline(spark, args.checkpoint, args.out, options, args.total,
+                             make_numbering(args.faulty_worker, args.hold_file, args.hold_at))
     ssc.add_listener(Progress())
-    events = ssc.generator_stream(4000, users=USERS, seed=SEED, partitions=2, max_records_per_batch=400,
-                                  total=args.total)
-    numbered = events.group_by_key("id").flat_map_groups_with_state(
-        make_numbering(args.faulty_worker, args.hold_file, args.hold_at),
-        state_schema="count long", output_schema="event string, user int, seq long",
-        name="numbering", num_partitions=3)
-    numbered.write_files(args.out, "json", storage_options=options)
     return run_until_finished(ssc, timeout=600)
 
 

@@ -1,10 +1,7 @@
 import os
-import socket
 import sys
 
-import boto3
 import pytest
-from moto.server import ThreadedMotoServer
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
@@ -39,25 +36,14 @@ def spark():
     session.stop()
 
 
-S3_BUCKETS = ("batchline-test", "batchline-sink", "batchline-conditional")
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint():
     """A real S3-compatible endpoint (moto's server on loopback) with the suite's buckets;
     yields the fsspec storage options that reach it."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    endpoint = f"http://127.0.0.1:{port}"
-    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1",
-                          aws_access_key_id="testing", aws_secret_access_key="testing")
-    for bucket in S3_BUCKETS:
-        client.create_bucket(Bucket=bucket)
-    yield {"key": "testing", "secret": "testing",
-           "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"}}
+    from tests.servers import S3Server
+
+    server = S3Server().start()
+    yield server.storage_options
     server.stop()
 
 

@@ -1,5 +1,6 @@
-"""Real Redis and PostgreSQL servers for the tests and benchmarks, from Debian's packages,
-started on 127.0.0.1 on a free port in a temporary directory, stopped after.
+"""Real servers for the tests and benchmarks on 127.0.0.1, each on a free port: Redis and
+PostgreSQL from Debian's packages (in a temporary directory, stopped after), and an
+S3-compatible endpoint (moto's server).
 
 A server that cannot start raises with what to install or its log's tail: a test that needs
 one fails, it never skips.
@@ -16,6 +17,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 START_TIMEOUT_S = 30
 
@@ -35,6 +37,43 @@ def _tail(path: Path, lines: int = 30) -> str:
 
 class ServerError(RuntimeError):
     """A test server did not start."""
+
+
+class S3Server:
+    """moto's S3 server on loopback, in a thread of this process, with the suite's buckets;
+    ``storage_options`` are the fsspec (s3fs) options that reach it."""
+
+    BUCKETS = ("batchline-test", "batchline-sink", "batchline-conditional")
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self._server: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {"key": "testing", "secret": "testing",
+                "client_kwargs": {"endpoint_url": self.endpoint, "region_name": "us-east-1"}}
+
+    def start(self) -> S3Server:
+        import boto3
+        from moto.server import ThreadedMotoServer
+
+        self._server = ThreadedMotoServer(ip_address="127.0.0.1", port=self.port, verbose=False)
+        self._server.start()
+        client = boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
+                              aws_access_key_id="testing", aws_secret_access_key="testing")
+        for bucket in self.BUCKETS:
+            client.create_bucket(Bucket=bucket)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.stop()
+            self._server = None
 
 
 class RedisServer:
