@@ -140,6 +140,10 @@ def main() -> None:
     args = parser.parse_args()
     # The drivers, the cluster's JVMs and their executors inherit it: loopback only.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # Case B's driver imports the tests' pipeline (tests.cluster_driver): the executors unpickle
+    # its functions by module, so they need the repository on their path too.
+    root = str(Path(__file__).resolve().parent.parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the S3 endpoint's line per request
     work = Path(tempfile.mkdtemp(prefix="batchline-bench-cluster-"))
     s3 = S3Server().start()
