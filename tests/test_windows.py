@@ -1,5 +1,7 @@
 """Windows over batches and the release of batch data no window needs any more (SPEC A5, C1)."""
 
+import time
+
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
@@ -11,7 +13,10 @@ from batchline.testing import BatchRecorder, CollectSink
 SCHEMA = StructType([StructField("n", LongType(), False)])
 
 
-def run_batches(spark, build, count, start_ms=10_500):
+def run_batches(spark, build, count, start_ms=10_500, settled=None):
+    """``count`` batches; with ``settled``, a predicate of the runtimes, waits (10 s at most)
+    until it holds before stopping: the generator cleans up after a batch on its own thread,
+    and a stop drops what it has not handled yet."""
     clock = ManualClock(start_ms)
     ssc = StreamingContext(spark, "1s", clock=clock)
     recorder = BatchRecorder()
@@ -24,9 +29,16 @@ def run_batches(spark, build, count, start_ms=10_500):
             recorder.wait_for_completed(i + 1)
             if i + 1 < count:
                 clock.advance(1000)
+        deadline = time.monotonic() + 10
+        while settled is not None and not settled(_runtimes(ssc, result)) and time.monotonic() < deadline:
+            time.sleep(0.01)
     finally:
         ssc.stop()
     # What the test built, as the runtimes the run left behind (generated batches, memory).
+    return _runtimes(ssc, result)
+
+
+def _runtimes(ssc, result):
     if isinstance(result, tuple):
         return tuple(ssc.runtime_of(stream) for stream in result)
     return ssc.runtime_of(result) if result is not None else None
@@ -78,9 +90,12 @@ def test_without_windows_each_batch_is_released_after_it_completes(spark):
         doubled.foreach_batch(sink)
         return queue, doubled
 
-    queue, doubled = run_batches(spark, build, 4)
+    def released(runtimes):
+        return all(len(runtime.generated_times()) <= 1 for runtime in runtimes)
+
+    queue, doubled = run_batches(spark, build, 4, settled=released)
     assert sink.all_rows() == [{"n": i, "twice": 2 * i} for i in range(1, 5)]
-    assert len(queue.generated_times()) <= 1 and len(doubled.generated_times()) <= 1
+    assert released((queue, doubled))
 
 
 def test_transform_may_take_the_batch_time_and_union_merges_streams(spark):
