@@ -27,6 +27,16 @@ def count_rows(key, rows, state):
     yield (key, count)
 
 
+class _AdvanceOnRetry(StreamingListener):
+    """Moves the manual clock past a retry's backoff, which waits on it."""
+
+    def __init__(self, clock: ManualClock) -> None:
+        self.clock = clock
+
+    def on_batch_retrying(self, info: BatchInfo) -> None:
+        self.clock.advance(10_000)
+
+
 def run(spark, tmp_path, build_outputs, batches=BATCHES, **context):
     """``len(batches)`` batches of the running count, outputs built by ``build_outputs(stream)``;
     returns the recorder, the context and the checkpoint."""
@@ -35,6 +45,7 @@ def run(spark, tmp_path, build_outputs, batches=BATCHES, **context):
     ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=checkpoint, **context)
     recorder = BatchRecorder()
     ssc.add_listener(recorder)
+    ssc.add_listener(_AdvanceOnRetry(clock))
     counts = list_stream(ssc, batches, "key string, n long").group_by_key("key").flat_map_groups_with_state(
         count_rows, state_schema="count long", output_schema="key string, count long", name="counts",
         num_partitions=PARTITIONS)
@@ -131,16 +142,6 @@ def test_a_thread_of_the_output_s_own_must_carry_the_batch_s_parameters(spark, t
     assert failed.failure is not None and "pyspark.InheritableThread" in failed.failure, failed.failure
 
 
-class _AdvanceOnRetry(StreamingListener):
-    """Moves the manual clock past a retry's backoff, which waits on it."""
-
-    def __init__(self, clock: ManualClock) -> None:
-        self.clock = clock
-
-    def on_batch_retrying(self, info: BatchInfo) -> None:
-        self.clock.advance(10_000)
-
-
 def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partition_kept(spark, tmp_path):
     """The output's own task code fails once in one partition, after that partition's state
     function ran inside the same task (its rows cached, its finish recorded): the retry reads
@@ -162,23 +163,8 @@ def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partiti
         written[batch_time] = [(r["key"], r["count"]) for r in df.mapInArrow(writer, "key string, count long")
                                .collect()]
 
-    checkpoint = str(tmp_path / "checkpoint")
-    clock = ManualClock(START)
-    ssc = StreamingContext(spark, INTERVAL / 1000, clock=clock, checkpoint=checkpoint,
-                           retry=RetryPolicy(max_attempts=3, initial_backoff="10ms"))
-    recorder = BatchRecorder()
-    ssc.add_listener(recorder)
-    ssc.add_listener(_AdvanceOnRetry(clock))
-    list_stream(ssc, BATCHES, "key string, n long").group_by_key("key").flat_map_groups_with_state(
-        count_rows, state_schema="count long", output_schema="key string, count long", name="counts",
-        num_partitions=PARTITIONS).foreach_batch(output, name="out")
-    ssc.start()
-    try:
-        for i in range(len(BATCHES)):
-            clock.advance(INTERVAL)
-            recorder.wait_for_batch(START + (i + 1) * INTERVAL, 120)
-    finally:
-        ssc.stop()
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(output, name="out"),
+                                  retry=RetryPolicy(max_attempts=3, initial_backoff="10ms"))
     assert os.path.exists(marker)
     first, second = (recorder.wait_for_batch(START + i * INTERVAL) for i in (1, 2))
     assert (first.failure, first.attempts, second.failure, second.attempts) == (None, 2, None, 1)

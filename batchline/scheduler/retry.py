@@ -28,7 +28,7 @@ from batchline.checkpoint.lease import FencedError
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 
-__all__ = ["RetryPolicy", "is_deterministic"]
+__all__ = ["RetryPolicy", "error_chain", "is_deterministic"]
 
 _DETERMINISTIC: tuple[type[BaseException], ...] = (AnalysisException, FencedError)
 """Errors from outside ``batchline.errors`` that a retry would only repeat: a query Spark
@@ -98,15 +98,15 @@ class RetryPolicy:
         """Whether run number ``failed_attempt`` failing with ``error`` earns another run."""
         if failed_attempt >= self.max_attempts or not isinstance(error, Exception) or is_deterministic(error):
             return False  # not an Exception: KeyboardInterrupt, SystemExit, ... stop at once
-        return not any(isinstance(e, self.no_retry_on) for e in _chain(error))
+        return not any(isinstance(e, self.no_retry_on) for e in error_chain(error))
 
 
 def is_deterministic(error: BaseException) -> bool:
     """True when ``error`` or an error it was raised from says a retry would fail the same way."""
-    return any(isinstance(e, _DETERMINISTIC) or getattr(e, "retryable", True) is False for e in _chain(error))
+    return any(isinstance(e, _DETERMINISTIC) or getattr(e, "retryable", True) is False for e in error_chain(error))
 
 
-def _chain(error: BaseException) -> Iterator[BaseException]:
+def error_chain(error: BaseException) -> Iterator[BaseException]:
     """``error``, then what it was raised from or while handling, once each."""
     seen: set[int] = set()
     current: BaseException | None = error

@@ -22,7 +22,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +36,7 @@ from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import FailedIn, Job, JobKind
+from batchline.scheduler.retry import error_chain
 from batchline.state import operator
 from batchline.state.contract import (
     BatchParams,
@@ -433,7 +434,7 @@ class StatefulRuntime(StreamRuntime):
         if not self._in_output_job:
             return None
         missing = missing_params_error(self.name)
-        for cause in _causes(error):
+        for cause in error_chain(error):
             found = error_from_task(cause)
             if found is not None:
                 return FailedIn(self._naming_job(batch_time), found)
@@ -603,13 +604,3 @@ class StatefulRuntime(StreamRuntime):
                 "partitions; something (adaptive execution?) changed the shuffle, and state partitions must keep "
                 "their identity"
             )
-
-
-def _causes(error: BaseException) -> Iterator[BaseException]:
-    """``error``, then what it was raised from or while handling, once each."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or current.__context__
