@@ -225,3 +225,31 @@ def test_connection_loss_is_retried_with_backoff_and_logged(tmp_path, caplog):
             impatient.plan(impatient.initial_position(), None)
     finally:
         server.stop()
+
+
+def test_fields_are_found_by_name_whatever_their_order_in_each_entry(redis_server, client):
+    """Entries are read as the server sends them (flat field/value lists): a page whose
+    entries order their fields differently, or add fields the schema does not name, parses
+    each column by name, not by place."""
+    stream = stream_name()
+    expected = []
+    for i in range(40):
+        fields = [("ts", str(1_700_000_000_000 + i)), ("user", f"u{i}"), ("amount", str(i))]
+        if i % 3 == 0:
+            fields.reverse()
+        if i % 4 == 0:
+            fields.insert(1, ("note", "extra"))
+        entry_id = client.xadd(stream, dict(fields)).decode()
+        expected.append((entry_id, f"u{i}", i, 1_700_000_000_000 + i))
+    same_order = stream_name()
+    for i in range(5):
+        client.xadd(same_order, {"user": f"v{i}", "amount": str(i)})  # no ts: the column is all null
+
+    source = RedisStreamSource(redis_server.url, [stream, same_order], schema=SCHEMA, split_size=7)
+    batch = source.plan(source.initial_position(), None)
+    rows = [row for split in batch.splits for page in source.read(split) for row in page.to_pylist()]
+
+    assert [(r["id"], r["user"], r["amount"], int(r["ts"].timestamp() * 1000)) for r in rows
+            if r["stream"] == stream] == expected
+    assert [(r["user"], r["amount"], r["ts"]) for r in rows if r["stream"] == same_order] == [
+        (f"v{i}", i, None) for i in range(5)]
