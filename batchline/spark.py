@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Mapping
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -128,3 +129,12 @@ def local_spark_session(
                        "session first (spark.stop()), or give them where it is created",
                        ", ".join(f"{key}={settings[key]}" for key in not_applied))
     return spark
+
+
+def forget_accumulator(accumulator: Any) -> None:
+    """Drop a released batch's accumulator from PySpark's registry of the driver's accumulators,
+    which keeps every one for ever (to apply task updates to it; an update for one no longer
+    there is ignored): one a batch would grow with the pipeline's age (SPEC E6)."""
+    from pyspark import accumulators
+
+    accumulators._accumulatorRegistry.pop(accumulator.aid, None)  # noqa: SLF001 (no public way to drop one)

@@ -191,3 +191,51 @@ def test_credentials_never_appear_in_logs_errors_or_checkpoints(spark, postgres_
         if path.is_file():
             assert password.encode() not in path.read_bytes(), path
     assert repr(PostgresSink(postgres_server.dsn, table)).count(password) == 0
+
+
+def test_an_input_written_as_read_arrives_with_every_type_and_without_its_dead_letters(spark, postgres_server,
+                                                                                        tmp_path):
+    """``ssc.input(source).write_postgres(...)`` copies in the tasks that read the source (one
+    Python pass): the values arrive as they were, a bad record stays out of the table."""
+    from batchline import DeadLetter, Source, SourceBatch
+
+    name = f"direct_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(postgres_server.dsn) as conn:
+        conn.execute(f"CREATE TABLE {name} (s text, l bigint, d double precision, b boolean, n numeric(10,2), "
+                     "ts timestamptz, day date)")
+    schema = StructType([StructField("s", StringType()), StructField("l", LongType()), StructField("d", DoubleType()),
+                         StructField("b", BooleanType()), StructField("n", DecimalType(10, 2)),
+                         StructField("ts", TimestampType()), StructField("day", DateType())])
+    stamp = dt.datetime(2026, 11, 23, 12, 30, 45, 123456, tzinfo=dt.UTC)
+    rows = [(f'row {i}, "quoted"\nnext line', 2**62 + i, i / 4, i % 2 == 0, Decimal(f"{i}.25"),
+             stamp + dt.timedelta(seconds=i), dt.date(2026, 1, 1) + dt.timedelta(days=i)) for i in range(30)]
+    rows.append(("", None, None, None, None, None, None))
+
+    class Rows(Source):
+        bounded = True
+
+        def schema(self):
+            return schema
+
+        def initial_position(self):
+            return {"next": 0}
+
+        def end_of_input(self):
+            return {"next": len(rows)}
+
+        def plan(self, start, end_of_input):
+            first, last = start["next"], min(start["next"] + 12, end_of_input["next"])
+            splits = tuple({"from": a, "to": min(a + 5, last)} for a in range(first, last, 5))
+            return SourceBatch(start, {"next": last}, splits)
+
+        def read(self, split):
+            for i in range(split["from"], split["to"]):
+                yield rows[i]
+                if i == 7:
+                    yield DeadLetter("{}", "a bad record next to row 7")
+
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
+    ssc.input(Rows(), name="rows").write_postgres(postgres_server.dsn, name)
+    assert ssc.run_until_finished(120)
+    found = select(postgres_server.dsn, f"SELECT s, l, d, b, n, ts, day FROM {name} ORDER BY l NULLS LAST")
+    assert found == rows

@@ -134,3 +134,62 @@ def test_the_interfaces_refuse_what_is_not_theirs(spark):
     stream = ssc.input(Numbers())
     with pytest.raises(ConfigurationError, match="takes a batchline.Sink"):
         stream.write(lambda df, t: None)
+
+
+class ArrowSink(Sink):
+    """Writes through ``batch.map_in_arrow``, as a sink that loads a database from its tasks
+    does: keeps the numbers its tasks were handed and the plan of the job that ran them."""
+
+    def __init__(self):
+        self.numbers, self.plans = [], []
+
+    def write(self, df, batch):
+        def numbers(batches):
+            for arrow in batches:
+                yield arrow.select(["n"])
+
+        mapped = batch.map_in_arrow(df, numbers, "n long")
+        self.plans.append(mapped._jdf.queryExecution().executedPlan().toString())
+        self.numbers.extend(row.n for row in mapped.collect())
+
+
+def python_passes(plan):
+    return plan.count("MapInArrow")
+
+
+def test_a_sink_that_maps_arrow_batches_writes_an_input_in_the_pass_that_reads_it(spark, tmp_path):
+    """``ssc.input(source).write(sink)``: the sink's function runs in the tasks that read the
+    splits (one Python pass, no trip through the JVM), gets good rows only, and the input's
+    counts of records and dead letters stay exact though no observation saw the rows."""
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    sink = ArrowSink()
+    ssc.input(Numbers(), name="numbers").write(sink, name="arrow")
+    assert ssc.run_until_finished(120)
+
+    assert sorted(sink.numbers) == expected_numbers()
+    assert sink.plans and all(python_passes(plan) == 1 for plan in sink.plans)
+    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
+    assert sum(i.num_records or 0 for i in infos) == len(expected_numbers())
+    assert sum(i.dead_letters for i in infos) == len(range(37, TOTAL, 37))
+
+
+def test_an_input_read_by_another_output_too_is_mapped_after_it_is_read(spark, tmp_path):
+    """With a second reader (here its dead letters' output) the input is read once, for both,
+    and the sink's function runs in a pass of its own: the same rows, the same counts."""
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    sink, dead = ArrowSink(), []
+    numbers = ssc.input(Numbers(), name="numbers")
+    numbers.write(sink, name="arrow")
+    numbers.dead_letters.foreach_batch(lambda df, t: dead.extend(r.reason for r in df.collect()), name="dead")
+    assert ssc.run_until_finished(120)
+
+    assert sorted(sink.numbers) == expected_numbers()
+    assert sink.plans and all(python_passes(plan) == 2 for plan in sink.plans)
+    assert len(dead) == len(range(37, TOTAL, 37))
+    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
+    assert sum(i.num_records or 0 for i in infos) == len(expected_numbers())
+    assert sum(i.dead_letters for i in infos) == len(dead)

@@ -151,8 +151,8 @@ class PostgresSink(Sink):
                 self._check_schema(df.schema)
                 stage = self._create_stage(conn, df.schema)
             try:
-                staged = sum(row["rows"] for row in df.mapInArrow(self._copier(stage, df.schema),
-                                                                  "part int, rows long").collect())
+                copied = batch.map_in_arrow(df, self._copier(stage, df.schema), "part int, rows long")
+                staged = sum(row["rows"] for row in copied.collect())
                 if not staged:
                     return  # nothing to write: no transaction, no progress row (a re-run writes nothing either)
                 with self._connect() as conn:

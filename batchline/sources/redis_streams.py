@@ -352,7 +352,7 @@ def _arrow_page(stream: str, page: list[Any], columns: list[ArrowColumn]) -> Any
     arrays = [pa.repeat(stream, len(page)), ids]
     names = ["stream", "id"]
     try:
-        for (name, key, nullable, arrow_type), column in zip(columns, values, strict=True):
+        for (name, _, nullable, arrow_type), column in zip(columns, values, strict=True):
             raw = pa.array(column, pa.binary())
             if raw.null_count and not nullable:
                 return None

@@ -12,7 +12,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark import StorageLevel
+from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -23,7 +25,9 @@ from batchline.errors import ConfigurationError, SourceError
 from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
 from batchline.sources.parsing import DEAD_LETTER_SCHEMA, RAW, REASON
 from batchline.sources.source import DeadLetter, Source, SourceBatch, Split
+from batchline.spark import forget_accumulator
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
+from batchline.streams.base import ArrowFunction
 
 __all__ = ["SourceInput", "SourceReader"]
 
@@ -66,6 +70,9 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self.end_of_input: dict[str, Any] | None = None
         self._batches: dict[int, SourceBatch] = {}
         self._read: dict[int, CountedBatch] = {}
+        self._direct: dict[int, tuple[int, Accumulator[Tally]]] = {}
+        """Batches an output wrote in the tasks that read them (``map_in_arrow``): their
+        splits and what those tasks counted."""
         self._columns = [F.col(name) for name in node.schema.fieldNames()]
         self._metrics = [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
                          F.count(F.col(REASON)).alias("dead_letters")]
@@ -157,6 +164,29 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self._read[batch_time] = CountedBatch(rows, counts)
         return rows.where(F.col(REASON).isNull()).select(*self._columns)
 
+    def map_in_arrow(self, batch_time: int, df: DataFrame, fn: ArrowFunction, schema: Any) -> DataFrame:
+        """``fn`` in the tasks that read the splits, when ``df`` is this batch as read and the
+        output handing it over is its only reader: one Python pass over the rows, where
+        ``df.mapInArrow`` would read them, hand them to the JVM and back to a second pass.
+        The tasks count good rows and dead letters themselves (the observation sees no job)."""
+        batch = self._batches.get(batch_time)
+        with self._lock:
+            handed = self._generated.get(batch_time)
+        readers = self._readers
+        if (df is not handed or batch is None or not batch.splits or readers.jobs != 1
+                or self.remember_ms > self.node.slide_ms
+                or self.source.frame(self.env.spark, batch) is not None):
+            return df.mapInArrow(fn, schema)
+        tally: Accumulator[Tally] = self.env.spark.sparkContext.accumulator((0, 0, 0), _TallyParam())
+        previous = self._direct.pop(batch_time, None)
+        if previous is not None:
+            forget_accumulator(previous[1])  # a re-run of the batch counts afresh
+        self._direct[batch_time] = (len(batch.splits), tally)
+        arrow_schema = to_arrow_schema(_with_dead_letter_columns(self.node.schema), timezone="UTC")
+        task = direct_task(self.source, list(batch.splits), arrow_schema, fn, tally)
+        splits = len(batch.splits)
+        return self.env.spark.range(0, splits, 1, splits).mapInArrow(task, schema)
+
     def _rows(self, batch: SourceBatch) -> DataFrame:
         """Every row of the batch with the dead-letter columns (null for good rows)."""
         native = self.source.frame(self.env.spark, batch)
@@ -173,6 +203,9 @@ class SourceReader(InputRuntime, DeadLetterReader):
         return self.env.readers.get(self.node.node_id, Readers(0, False))
 
     def release(self, batch_time: int, df: DataFrame) -> None:
+        direct = self._direct.pop(batch_time, None)
+        if direct is not None:
+            forget_accumulator(direct[1])
         read = self._read.pop(batch_time, None)
         if read is not None and read.frame.is_cached:
             read.frame.unpersist()
@@ -183,9 +216,13 @@ class SourceReader(InputRuntime, DeadLetterReader):
             return
         self.get_or_compute(batch_time)
         read = self._read[batch_time]
-        if not read.counted():
-            read.frame.count()  # no job read every row (no output reads this input): count now
-        good, bad = int(read.counts.get["records"]), int(read.counts.get["dead_letters"])
+        direct = self._direct.get(batch_time)
+        if direct is not None and not read.counted() and direct[1].value[0] == direct[0]:
+            _, good, bad = direct[1].value  # every split's task counted as it wrote
+        else:
+            if not read.counted():
+                read.frame.count()  # no job read every row (no output reads this input): count now
+            good, bad = int(read.counts.get["records"]), int(read.counts.get["dead_letters"])
         self.report(batch_time, good, dead_letters=bad, metadata=dict(batch.info))
         if bad and self.node.dead_letters.node_id not in self.env.consumed:
             rows = self.dead_letter_frame(batch_time).limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
@@ -225,6 +262,50 @@ def split_reader(source: Source, splits: list[Split],
                 yield from to_arrow(source.read(splits[number]), schema)
 
     return read
+
+
+Tally = tuple[int, int, int]
+"""What the tasks of a directly written batch count: splits read to the end, good rows, dead letters."""
+
+
+class _TallyParam(AccumulatorParam[Tally]):
+    def zero(self, value: Tally) -> Tally:
+        return (0, 0, 0)
+
+    def addInPlace(self, a: Tally, b: Tally) -> Tally:  # noqa: N802 - Spark's name
+        return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def direct_task(source: Source, splits: list[Split], schema: pa.Schema, fn: ArrowFunction,
+                tally: Accumulator[Tally]) -> ArrowFunction:
+    """The function each task of a directly written batch runs: its splits read by
+    ``source.read`` and handed to ``fn`` (one call for the partition, as ``mapInArrow``
+    makes it), good rows only, in the source's columns; dead letters are counted and left
+    out (the input's dead-letter stream reads them again when asked). A split counts as read
+    once ``fn`` took its last row."""
+    width = len(schema.names) - 2
+    good_schema = pa.schema(list(schema)[:width])
+
+    def task(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        counted = [0, 0, 0]
+
+        def good_rows() -> Iterator[pa.RecordBatch]:
+            for chunk in numbers:
+                for number in chunk.column(0).to_pylist():
+                    for batch in to_arrow(source.read(splits[number]), schema):
+                        reasons = batch.column(width + 1)
+                        bad = len(reasons) - reasons.null_count
+                        if bad:
+                            batch = batch.filter(pc.is_null(reasons))
+                        counted[1] += batch.num_rows
+                        counted[2] += bad
+                        yield pa.RecordBatch.from_arrays(batch.columns[:width], schema=good_schema)
+                    counted[0] += 1
+
+        yield from fn(good_rows())
+        tally.add((counted[0], counted[1], counted[2]))
+
+    return task
 
 
 def to_arrow(rows: Iterable[Any], schema: pa.Schema) -> Iterator[pa.RecordBatch]:

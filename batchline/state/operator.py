@@ -39,7 +39,6 @@ __all__ = [
     "PURGE_EVERY",
     "RETAINED_VERSIONS",
     "StateOperatorProgress",
-    "forget_accumulator",
     "operator_progress",
     "operator_task",
     "publish_batch_params",
@@ -78,15 +77,6 @@ def operator_task(spark_context: SparkContext, spec: OperatorSpec, batch_time: i
     accumulator in which its tasks sum their ``Stats`` (read it after the job ran)."""
     stats: Accumulator[Stats] = spark_context.accumulator(Stats(), _StatsParam())
     return spark_task(spec, batch_time, stats.add), stats
-
-
-def forget_accumulator(stats: Accumulator[Stats]) -> None:
-    """Drop a released batch's accumulator from PySpark's registry of the driver's accumulators,
-    which keeps every one for ever (to apply task updates to it; an update for one no longer
-    there is ignored): one a batch would grow with the pipeline's age (SPEC E6)."""
-    from pyspark import accumulators
-
-    accumulators._accumulatorRegistry.pop(stats.aid, None)  # noqa: SLF001 (no public way to drop one)
 
 
 def publish_batch_params(spark_context: SparkContext, operator: str, params: BatchParams) -> None:

@@ -37,6 +37,7 @@ from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.scheduler.retry import error_chain
+from batchline.spark import forget_accumulator
 from batchline.state import operator
 from batchline.state.contract import (
     BatchParams,
@@ -49,7 +50,6 @@ from batchline.state.contract import (
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.operator import (
-    forget_accumulator,
     operator_progress,
     operator_task,
     publish_batch_params,

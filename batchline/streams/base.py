@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -28,11 +28,14 @@ from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 
-__all__ = ["Readers", "RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
+__all__ = ["ArrowFunction", "Readers", "RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
 
 logger = logging.getLogger(__name__)
 
 _node_ids = itertools.count()
+
+ArrowFunction = Callable[[Iterator[Any]], Iterator[Any]]
+"""A ``mapInArrow`` function: one partition's ``pyarrow.RecordBatch``es in, batches out."""
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,12 @@ class StreamRuntime(ABC):
         """A job that must run after the batch's outputs: complete work that ran inside an
         output's job (a stateful operator read by one output only)."""
         return None
+
+    def map_in_arrow(self, batch_time: int, df: DataFrame, fn: ArrowFunction, schema: Any) -> DataFrame:
+        """What ``BatchContext.map_in_arrow`` runs for an output of this stream:
+        ``df.mapInArrow(fn, schema)`` here; an input whose batch ``df`` is exactly as read runs
+        ``fn`` in the tasks that read it."""
+        return df.mapInArrow(fn, schema)
 
     def explain_failure(self, batch_time: int, error: BaseException) -> BaseException | None:
         """What an output's failed job means when this stream's own work ran inside it (a state

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 from batchline.batch_time import BatchTime
@@ -56,7 +57,8 @@ class OutputOperation:
                 token = checkpoint.lease.token if checkpoint is not None else None
                 try:
                     sink.write(df, BatchContext(stamp, self.name, pipeline,
-                                                NO_FENCING_TOKEN if token is None else token))
+                                                NO_FENCING_TOKEN if token is None else token,
+                                                functools.partial(runtime.map_in_arrow, batch_time)))
                 except Exception as error:
                     explained = runtime.explain_failure(batch_time, error)  # e.g. a state function that raised
                     if explained is None:

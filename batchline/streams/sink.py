@@ -22,6 +22,10 @@ Write your own in one file::
 
 ``write`` runs on the driver and may start Spark jobs (``df.mapInArrow``, ``df.foreachPartition``,
 ``df.collect``); code that runs in tasks gets the sink pickled, so open connections there.
+A sink that writes Arrow batches from its tasks should call ``batch.map_in_arrow(df, fn,
+schema)`` rather than ``df.mapInArrow(fn, schema)``: when the output writes an input as read
+(``ssc.input(source).write(sink)``), ``fn`` then runs in the tasks that read the source, one
+Python pass per split instead of a read, a trip through Spark's JVM and a second pass.
 Start them from the thread ``write`` was called on, before it returns: a stateful operator
 that only this output reads runs inside the output's job, and its tasks find the batch's
 parameters among that thread's Spark local properties (a thread of your own must be a
@@ -32,12 +36,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
+from batchline.streams.base import ArrowFunction
 
 __all__ = ["Sink", "SinkContext", "BatchContext", "ForeachBatchSink", "NO_FENCING_TOKEN"]
 
@@ -68,6 +73,18 @@ class BatchContext:
     """The token of the checkpoint lease this driver holds (``NO_FENCING_TOKEN`` without a
     checkpoint): it grows with every driver that takes the location over, so a commit with a
     token older than one already recorded comes from a driver that lost its lease."""
+    arrow_mapper: Callable[[DataFrame, ArrowFunction, Any], DataFrame] | None = field(
+        default=None, repr=False, compare=False)
+    """How this batch's stream runs ``map_in_arrow`` (set by the engine; None: plain ``mapInArrow``)."""
+
+    def map_in_arrow(self, df: DataFrame, fn: ArrowFunction, schema: Any) -> DataFrame:
+        """``df.mapInArrow(fn, schema)``, in one pass where it can be: when ``df`` is an input's
+        batch as read (the output writes the input itself, which nothing else reads), ``fn``
+        gets each split's rows in the task that reads them, as Arrow batches of the stream's
+        schema. Either way ``fn`` is called once per partition, as ``mapInArrow`` calls it."""
+        if self.arrow_mapper is None:
+            return df.mapInArrow(fn, schema)
+        return self.arrow_mapper(df, fn, schema)
 
 
 class Sink(ABC):
