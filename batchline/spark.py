@@ -123,12 +123,20 @@ def local_spark_session(
     spark.sparkContext.setLogLevel("ERROR")
     running = spark.sparkContext.getConf()
     not_applied = sorted(key for key, value in settings.items()
-                         if not key.startswith("spark.sql.") and running.get(key) != value)
+                         if not key.startswith("spark.sql.") and not _applied(running.get(key), value, key))
     if not_applied:
         logger.warning("Spark was already running, so these settings did not take effect: %s. Stop the running "
                        "session first (spark.stop()), or give them where it is created",
                        ", ".join(f"{key}={settings[key]}" for key in not_applied))
     return spark
+
+
+def _applied(running: str | None, wanted: str, key: str) -> bool:
+    """Whether the running Spark has ``key`` as asked: Spark adds options of its own to the
+    JVM's (``--add-opens``), so those count when they hold the ones asked for."""
+    if running == wanted:
+        return True
+    return key.endswith("JavaOptions") and running is not None and wanted in running
 
 
 def forget_accumulator(accumulator: Any) -> None:

@@ -9,7 +9,15 @@ they open (after about 60 batches), so any growth after that is a leak. The resi
 each process (``VmRSS``) is sampled every ``--every`` batches; the figure is the growth from
 batch ``--baseline`` to the last batch, in %, per process kind.
 
-    python -m benchmarks.soak [--batches 20000] [--baseline 1000] [--every 250]
+The JVM's resident set follows the heap its collector commits (G1 grows it in steps, up to
+``spark.driver.memory``, when collections take much of the time), which says little about a
+leak. So the JVM is also measured by what a leak would show: its live heap after a full
+collection (``jcmd GC.class_histogram``, at the baseline batch and at the last), and with
+``--fixed-heap`` (the setting BENCHMARKS.md recommends for a long-running driver) its heap is
+committed and touched at start (``-Xms`` = ``spark.driver.memory``, ``-XX:+AlwaysPreTouch``), so
+its resident set no longer moves with the collector's choices.
+
+    python -m benchmarks.soak [--batches 20000] [--baseline 1000] [--every 250] [--fixed-heap]
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import subprocess
 import tempfile
 import threading
 import time
@@ -92,6 +102,22 @@ def sample() -> dict[str, int]:
     return {kind: sum(_rss_kib(p) or 0 for p in pids) for kind, pids in _processes().items()}
 
 
+def live_heap_kib(jvm: int) -> int | None:
+    """The JVM's live heap: what a full collection leaves (the class histogram runs one)."""
+    try:
+        histogram = subprocess.run(["jcmd", str(jvm), "GC.class_histogram"], capture_output=True, text=True,
+                                   timeout=120).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    total = re.search(r"^Total\s+\d+\s+(\d+)", histogram, re.M)
+    return int(total.group(1)) // 1024 if total else None
+
+
+FIXED_HEAP = "-Xms1g -XX:+AlwaysPreTouch"
+"""The driver JVM's options for a long run: the whole heap (``spark.driver.memory``, 1g by
+default) committed and touched at start."""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--batches", type=int, default=20_000)
@@ -99,10 +125,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=250, help="batches between two samples")
     parser.add_argument("--rate", type=float, default=200, help="generated events per second of batch time")
     parser.add_argument("--users", type=int, default=500)
+    parser.add_argument("--fixed-heap", action="store_true", help=f"start the JVM with {FIXED_HEAP}")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="batchline-soak-"))
-    spark = local_spark_session(app_name="soak")
+    spark = local_spark_session(app_name="soak", conf={"spark.driver.extraJavaOptions": FIXED_HEAP}
+                                if args.fixed_heap else None)
     clock = ManualClock(1_000 * INTERVAL_MS)
     ssc = StreamingContext(spark, f"{INTERVAL_MS}ms", clock=clock, checkpoint=str(work / "checkpoint"),
                            checkpoint_interval=f"{10 * INTERVAL_MS}ms")
@@ -118,14 +146,17 @@ def main() -> None:
             completions.next_batch(clock, INTERVAL_MS)
             if n % args.every == 0 or n in (1, args.baseline):
                 samples.append({"batch": n, "seconds": round(time.perf_counter() - started, 1), **sample()})
+                if n in (args.baseline, args.batches):
+                    samples[-1]["jvm_live_heap"] = sum(live_heap_kib(p) or 0 for p in _processes()["jvm"])
                 print(json.dumps(samples[-1]), flush=True)
     finally:
         ssc.stop(graceful=False)
     base = next(s for s in samples if s["batch"] == args.baseline)
     last = samples[-1]
-    growth = {kind: round(100 * (last[kind] - base[kind]) / base[kind], 1) if base[kind] else None
-              for kind in ("driver", "jvm", "python_workers")}
+    growth = {kind: round(100 * (last[kind] - base[kind]) / base[kind], 1) if base.get(kind) else None
+              for kind in ("driver", "jvm", "python_workers", "jvm_live_heap")}
     figures = {"batches": args.batches, "baseline_batch": args.baseline, "rate": args.rate, "users": args.users,
+               "jvm_options": FIXED_HEAP if args.fixed_heap else None,
                "growth_percent_since_baseline": growth, "samples_kib": samples}
     path = write_result("soak", figures)
     print(json.dumps({"growth_percent_since_baseline": growth}, indent=2))

@@ -221,6 +221,18 @@ def test_a_running_session_keeps_its_settings_and_says_which_did_not_take_effect
     assert "spark.excludeOnFailure.enabled=true" in warning and "spark.task.maxFailures=4" in warning
 
 
+def test_jvm_options_that_spark_extends_with_its_own_count_as_applied():
+    """Spark puts its own options (``--add-opens``, ...) before the JVM options asked for: a
+    running session that has them is not reported as missing them."""
+    from batchline.spark import _applied
+
+    running = "-Djava.net.preferIPv6Addresses=false --add-opens=java.base/java.lang=ALL-UNNAMED -Xms1g"
+    assert _applied(running, "-Xms1g", "spark.driver.extraJavaOptions")
+    assert not _applied(running, "-XX:+AlwaysPreTouch", "spark.driver.extraJavaOptions")
+    assert not _applied("4", "5", "spark.task.maxFailures")
+    assert not _applied(None, "-Xms1g", "spark.driver.extraJavaOptions")
+
+
 _CHILD = textwrap.dedent("""
     import json, sys
     from batchline.exclusion import ExcludeOnFailure

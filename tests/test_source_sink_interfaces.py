@@ -193,3 +193,23 @@ def test_an_input_read_by_another_output_too_is_mapped_after_it_is_read(spark, t
     infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
     assert sum(i.num_records or 0 for i in infos) == len(expected_numbers())
     assert sum(i.dead_letters for i in infos) == len(dead)
+
+
+class NativeNumbers(Numbers):
+    """Numbers whose batches Spark reads itself (``frame``): there is no Python read to join."""
+
+    def frame(self, spark, batch):
+        first, last = batch.start["next"], batch.end["next"]
+        return spark.range(first, last).selectExpr("id AS n", "IF(id % 2 = 0, 'even', 'odd') AS parity")
+
+    def read(self, split):
+        raise AssertionError("a source read natively is never read split by split")
+
+
+def test_a_source_spark_reads_natively_is_mapped_after_spark_read_it(spark, tmp_path):
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
+    sink = ArrowSink()
+    ssc.input(NativeNumbers(total=100), name="numbers").write(sink, name="arrow")
+    assert ssc.run_until_finished(120)
+    assert sorted(sink.numbers) == list(range(100))
+    assert sink.plans and all(python_passes(plan) == 1 for plan in sink.plans)  # the sink's own pass only

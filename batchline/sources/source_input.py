@@ -73,6 +73,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self._direct: dict[int, tuple[int, Accumulator[Tally]]] = {}
         """Batches an output wrote in the tasks that read them (``map_in_arrow``): their
         splits and what those tasks counted."""
+        self._native: set[int] = set()
+        """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
         self._columns = [F.col(name) for name in node.schema.fieldNames()]
         self._metrics = [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
                          F.count(F.col(REASON)).alias("dead_letters")]
@@ -158,7 +160,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         if batch is None or not batch.splits:
             return self.env.empty_frame(self.node.schema)
         counts = Observation()
-        rows = self._rows(batch).observe(counts, *self._metrics)
+        rows = self._rows(batch_time, batch).observe(counts, *self._metrics)
         if self._readers.jobs > 1 or self.remember_ms > self.node.slide_ms:
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         self._read[batch_time] = CountedBatch(rows, counts)
@@ -173,9 +175,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         with self._lock:
             handed = self._generated.get(batch_time)
         readers = self._readers
-        if (df is not handed or batch is None or not batch.splits or readers.jobs != 1
-                or self.remember_ms > self.node.slide_ms
-                or self.source.frame(self.env.spark, batch) is not None):
+        if (df is not handed or batch is None or not batch.splits or batch_time in self._native
+                or readers.jobs != 1 or self.remember_ms > self.node.slide_ms):
             return df.mapInArrow(fn, schema)
         tally: Accumulator[Tally] = self.env.spark.sparkContext.accumulator((0, 0, 0), _TallyParam())
         previous = self._direct.pop(batch_time, None)
@@ -187,10 +188,11 @@ class SourceReader(InputRuntime, DeadLetterReader):
         splits = len(batch.splits)
         return self.env.spark.range(0, splits, 1, splits).mapInArrow(task, schema)
 
-    def _rows(self, batch: SourceBatch) -> DataFrame:
+    def _rows(self, batch_time: int, batch: SourceBatch) -> DataFrame:
         """Every row of the batch with the dead-letter columns (null for good rows)."""
         native = self.source.frame(self.env.spark, batch)
         if native is not None:
+            self._native.add(batch_time)
             return native.select(*self._columns, F.lit(None).cast("string").alias(RAW),
                                  F.lit(None).cast("string").alias(REASON))
         schema = _with_dead_letter_columns(self.node.schema)
@@ -203,6 +205,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         return self.env.readers.get(self.node.node_id, Readers(0, False))
 
     def release(self, batch_time: int, df: DataFrame) -> None:
+        self._native.discard(batch_time)
         direct = self._direct.pop(batch_time, None)
         if direct is not None:
             forget_accumulator(direct[1])
