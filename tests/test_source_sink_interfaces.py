@@ -157,6 +157,14 @@ def python_passes(plan):
     return plan.count("MapInArrow")
 
 
+def pending_observations(spark):
+    """How many observations Spark's session keeps waiting for a query to fill them."""
+    manager = spark._jsparkSession.observationManager()
+    [field] = [f for f in manager.getClass().getDeclaredFields() if f.getName().endswith("observations")]
+    field.setAccessible(True)
+    return field.get(manager).size()
+
+
 def test_a_sink_that_maps_arrow_batches_writes_an_input_in_the_pass_that_reads_it(spark, tmp_path):
     """``ssc.input(source).write(sink)``: the sink's function runs in the tasks that read the
     splits (one Python pass, no trip through the JVM), gets good rows only, and the input's
@@ -173,6 +181,25 @@ def test_a_sink_that_maps_arrow_batches_writes_an_input_in_the_pass_that_reads_i
     infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
     assert sum(i.num_records or 0 for i in infos) == len(expected_numbers())
     assert sum(i.dead_letters for i in infos) == len(range(37, TOTAL, 37))
+
+
+class GoodNumbers(Numbers):
+    """Numbers without a bad record: no query reads a batch's dead letters to log them."""
+
+    def read(self, split):
+        return ((n, "even" if n % 2 == 0 else "odd") for n in range(split["from"], split["to"]))
+
+
+def test_a_batch_written_in_the_pass_that_reads_it_leaves_no_observation_behind(spark, tmp_path):
+    """The input's observation, which no job of such a batch runs, is let go once the tasks'
+    counts are in: Spark would keep it for ever, one a batch (SPEC E6)."""
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
+    sink = ArrowSink()
+    ssc.input(GoodNumbers(total=120), name="numbers").write(sink, name="arrow")
+    waiting = pending_observations(spark)
+    assert ssc.run_until_finished(120)
+    assert sorted(sink.numbers) == list(range(120)) and len(sink.plans) == 3
+    assert pending_observations(spark) == waiting
 
 
 def test_an_input_read_by_another_output_too_is_mapped_after_it_is_read(spark, tmp_path):

@@ -222,6 +222,9 @@ class SourceReader(InputRuntime, DeadLetterReader):
         direct = self._direct.get(batch_time)
         if direct is not None and not read.counted() and direct[1].value[0] == direct[0]:
             _, good, bad = direct[1].value  # every split's task counted as it wrote
+            # Spark keeps an observation until a query holding it ends: one that holds it and
+            # reads nothing (a limit of 0, no task) lets it go, where it would stay for ever.
+            read.frame.limit(0).collect()
         else:
             if not read.counted():
                 read.frame.count()  # no job read every row (no output reads this input): count now
