@@ -136,7 +136,7 @@ def _applied(running: str | None, wanted: str, key: str) -> bool:
     JVM's (``--add-opens``), so those count when they hold the ones asked for."""
     if running == wanted:
         return True
-    return key.endswith("JavaOptions") and running is not None and wanted in running
+    return key.endswith("JavaOptions") and running is not None and set(wanted.split()) <= set(running.split())
 
 
 def forget_accumulator(accumulator: Any) -> None:

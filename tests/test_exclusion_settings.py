@@ -229,6 +229,7 @@ def test_jvm_options_that_spark_extends_with_its_own_count_as_applied():
     running = "-Djava.net.preferIPv6Addresses=false --add-opens=java.base/java.lang=ALL-UNNAMED -Xms1g"
     assert _applied(running, "-Xms1g", "spark.driver.extraJavaOptions")
     assert not _applied(running, "-XX:+AlwaysPreTouch", "spark.driver.extraJavaOptions")
+    assert not _applied(running, "-Xms1", "spark.driver.extraJavaOptions")  # whole options, not a prefix
     assert not _applied("4", "5", "spark.task.maxFailures")
     assert not _applied(None, "-Xms1g", "spark.driver.extraJavaOptions")
 

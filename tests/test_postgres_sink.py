@@ -87,15 +87,23 @@ def test_append_writes_every_row_once_even_when_a_batch_is_written_again(spark, 
         == [(0,)]
 
 
-def test_values_of_every_supported_type_arrive_as_they_were(spark, postgres_server):
-    name = f"typed_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_server.dsn) as conn:
+TYPED = StructType([StructField("s", StringType()), StructField("l", LongType()), StructField("d", DoubleType()),
+                    StructField("b", BooleanType()), StructField("n", DecimalType(10, 2)),
+                    StructField("ts", TimestampType()), StructField("day", DateType()),
+                    StructField("j", StringType())])
+"""A column of every type written to PostgreSQL (``j`` is text going into jsonb)."""
+
+
+def typed_table(dsn, prefix):
+    name = f"{prefix}_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(dsn) as conn:
         conn.execute(f"CREATE TABLE {name} (s text, l bigint, d double precision, b boolean, n numeric(10,2), "
                      "ts timestamptz, day date, j jsonb)")
-    schema = StructType([StructField("s", StringType()), StructField("l", LongType()), StructField("d", DoubleType()),
-                         StructField("b", BooleanType()), StructField("n", DecimalType(10, 2)),
-                         StructField("ts", TimestampType()), StructField("day", DateType()),
-                         StructField("j", StringType())])
+    return name
+
+
+def test_values_of_every_supported_type_arrive_as_they_were(spark, postgres_server):
+    name, schema = typed_table(postgres_server.dsn, "typed"), TYPED
     stamp = dt.datetime(2026, 11, 23, 12, 30, 45, 123456, tzinfo=dt.UTC)
     rows = [('a "quoted", with\nnewline', 2**62, 1.5, True, Decimal("12.34"), stamp, dt.date(2026, 1, 2), '{"k": 1}'),
             ("", None, None, None, None, None, None, None)]
@@ -194,22 +202,17 @@ def test_credentials_never_appear_in_logs_errors_or_checkpoints(spark, postgres_
 
 
 def test_an_input_written_as_read_arrives_with_every_type_and_without_its_dead_letters(spark, postgres_server,
-                                                                                        tmp_path):
+                                                                                        tmp_path, monkeypatch):
     """``ssc.input(source).write_postgres(...)`` copies in the tasks that read the source (one
     Python pass): the values arrive as they were, a bad record stays out of the table."""
     from batchline import DeadLetter, Source, SourceBatch
 
-    name = f"direct_{uuid.uuid4().hex[:8]}"
-    with psycopg.connect(postgres_server.dsn) as conn:
-        conn.execute(f"CREATE TABLE {name} (s text, l bigint, d double precision, b boolean, n numeric(10,2), "
-                     "ts timestamptz, day date)")
-    schema = StructType([StructField("s", StringType()), StructField("l", LongType()), StructField("d", DoubleType()),
-                         StructField("b", BooleanType()), StructField("n", DecimalType(10, 2)),
-                         StructField("ts", TimestampType()), StructField("day", DateType())])
+    name, schema = typed_table(postgres_server.dsn, "direct"), TYPED
     stamp = dt.datetime(2026, 11, 23, 12, 30, 45, 123456, tzinfo=dt.UTC)
     rows = [(f'row {i}, "quoted"\nnext line', 2**62 + i, i / 4, i % 2 == 0, Decimal(f"{i}.25"),
-             stamp + dt.timedelta(seconds=i), dt.date(2026, 1, 1) + dt.timedelta(days=i)) for i in range(30)]
-    rows.append(("", None, None, None, None, None, None))
+             stamp + dt.timedelta(seconds=i), dt.date(2026, 1, 1) + dt.timedelta(days=i), f'{{"k": {i}}}')
+            for i in range(30)]
+    rows.append(("", None, None, None, None, None, None, None))
 
     class Rows(Source):
         bounded = True
@@ -234,8 +237,18 @@ def test_an_input_written_as_read_arrives_with_every_type_and_without_its_dead_l
                 if i == 7:
                     yield DeadLetter("{}", "a bad record next to row 7")
 
+    plans = []
+
+    def mapped(context, df, fn, schema):  # the frame write_postgres runs, to see how many passes it makes
+        frame = original(context, df, fn, schema)
+        plans.append(frame._jdf.queryExecution().executedPlan().toString())
+        return frame
+
+    original = BatchContext.map_in_arrow
+    monkeypatch.setattr(BatchContext, "map_in_arrow", mapped)
     ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
     ssc.input(Rows(), name="rows").write_postgres(postgres_server.dsn, name)
     assert ssc.run_until_finished(120)
-    found = select(postgres_server.dsn, f"SELECT s, l, d, b, n, ts, day FROM {name} ORDER BY l NULLS LAST")
+    assert len(plans) == 3 and all(plan.count("MapInArrow") == 1 for plan in plans)
+    found = select(postgres_server.dsn, f"SELECT s, l, d, b, n, ts, day, j::text FROM {name} ORDER BY l NULLS LAST")
     assert found == rows

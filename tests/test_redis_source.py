@@ -241,9 +241,9 @@ def test_fields_are_found_by_name_whatever_their_order_in_each_entry(redis_serve
             fields.insert(1, ("note", "extra"))
         entry_id = client.xadd(stream, dict(fields)).decode()
         expected.append((entry_id, f"u{i}", i, 1_700_000_000_000 + i))
-    same_order = stream_name()
+    same_order = stream_name()  # one order for all, not the schema's, an extra field and no ts
     for i in range(5):
-        client.xadd(same_order, {"user": f"v{i}", "amount": str(i)})  # no ts: the column is all null
+        client.xadd(same_order, {"amount": str(i), "note": "extra", "user": f"v{i}"})
 
     source = RedisStreamSource(redis_server.url, [stream, same_order], schema=SCHEMA, split_size=7)
     batch = source.plan(source.initial_position(), None)

@@ -198,7 +198,8 @@ def test_a_batch_written_in_the_pass_that_reads_it_leaves_no_observation_behind(
     ssc.input(GoodNumbers(total=120), name="numbers").write(sink, name="arrow")
     waiting = pending_observations(spark)
     assert ssc.run_until_finished(120)
-    assert sorted(sink.numbers) == list(range(120)) and len(sink.plans) == 3
+    assert sorted(sink.numbers) == list(range(120))
+    assert len(sink.plans) == 3 and all(python_passes(plan) == 1 for plan in sink.plans)
     assert pending_observations(spark) == waiting
 
 
@@ -240,3 +241,63 @@ def test_a_source_spark_reads_natively_is_mapped_after_spark_read_it(spark, tmp_
     assert ssc.run_until_finished(120)
     assert sorted(sink.numbers) == list(range(100))
     assert sink.plans and all(python_passes(plan) == 1 for plan in sink.plans)  # the sink's own pass only
+
+
+class FirstBatchSink(ArrowSink):
+    """Its function stops after the first Arrow batch of a partition, as a ``limit`` would;
+    it fails its first write once its job ran, when ``fail_first`` (the batch is retried)."""
+
+    def __init__(self, fail_first=False):
+        super().__init__()
+        self.fail_first = fail_first
+
+    def write(self, df, batch):
+        def first(batches):
+            for arrow in batches:
+                yield arrow.select(["n"])
+                return
+
+        mapped = batch.map_in_arrow(df, first, "n long")
+        self.plans.append(mapped._jdf.queryExecution().executedPlan().toString())
+        self.numbers.extend(row.n for row in mapped.collect())
+        if self.fail_first:
+            self.fail_first = False
+            raise RuntimeError("the destination went away after the rows were read")
+
+
+def input_counts(recorder):
+    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
+    return sum(i.num_records or 0 for i in infos), sum(i.dead_letters for i in infos)
+
+
+def test_counts_stay_exact_when_a_sink_reads_part_of_its_input_or_its_batch_runs_again(spark, tmp_path):
+    """A function that stops early leaves its splits uncounted: the input counts them with a
+    read of its own. A batch whose first attempt failed after its job ran counts once."""
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"),
+                           retry=RetryPolicy(max_attempts=2, initial_backoff="100ms", max_backoff="100ms"))
+    recorder = BatchRecorder()
+    ssc.add_listener(recorder)
+    sink = FirstBatchSink(fail_first=True)
+    ssc.input(Numbers(), name="numbers").write(sink, name="arrow")
+    assert ssc.run_until_finished(120) and not recorder.errors
+    assert input_counts(recorder) == (len(expected_numbers()), len(range(37, TOTAL, 37)))
+    assert all(python_passes(plan) == 1 for plan in sink.plans)
+    assert len(sink.plans) == -(-TOTAL // PER_BATCH) + 1  # every batch once, the first twice
+
+
+def test_a_batch_context_goes_into_a_task_without_the_engine():
+    """A sink's task code may close over its ``BatchContext``: it pickles without the
+    engine's runtime (a lock, the Spark session) that ``map_in_arrow`` reaches."""
+    import functools
+    import threading
+
+    from pyspark import cloudpickle
+
+    from batchline import BatchContext, BatchTime
+
+    lock = threading.RLock()
+    context = BatchContext(BatchTime(1000), "out", "pipeline", 7,
+                           functools.partial(lambda held, df, fn, schema: df, lock))
+    copy = cloudpickle.loads(cloudpickle.dumps(context))
+    assert (copy.batch_time, copy.output, copy.pipeline, copy.fencing_token) == (1000, "out", "pipeline", 7)
+    assert copy.arrow_mapper is None and context.arrow_mapper is not None

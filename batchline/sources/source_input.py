@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
-from pyspark.sql import DataFrame, Observation
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
@@ -72,7 +73,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self._read: dict[int, CountedBatch] = {}
         self._direct: dict[int, tuple[int, Accumulator[Tally]]] = {}
         """Batches an output wrote in the tasks that read them (``map_in_arrow``): their
-        splits and what those tasks counted."""
+        number of splits and what those tasks counted."""
         self._native: set[int] = set()
         """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
         self._columns = [F.col(name) for name in node.schema.fieldNames()]
@@ -155,7 +156,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
     # ---------------------------------------------------------------- reading
     def compute(self, batch_time: int) -> DataFrame:
         """The batch's good rows; all rows are counted, good and bad, by the first job that
-        reads them all (``observe``)."""
+        reads them all (``observe``), or by the tasks of an output that wrote the batch in the
+        pass that read it (``map_in_arrow``)."""
         batch = self._batches.get(batch_time)
         if batch is None or not batch.splits:
             return self.env.empty_frame(self.node.schema)
@@ -174,19 +176,16 @@ class SourceReader(InputRuntime, DeadLetterReader):
         batch = self._batches.get(batch_time)
         with self._lock:
             handed = self._generated.get(batch_time)
-        readers = self._readers
         if (df is not handed or batch is None or not batch.splits or batch_time in self._native
-                or readers.jobs != 1 or self.remember_ms > self.node.slide_ms):
+                or self._readers.jobs != 1 or self.remember_ms > self.node.slide_ms):
             return df.mapInArrow(fn, schema)
-        tally: Accumulator[Tally] = self.env.spark.sparkContext.accumulator((0, 0, 0), _TallyParam())
+        tally: Accumulator[Tally] = self.env.spark.sparkContext.accumulator({}, _TallyParam())
         previous = self._direct.pop(batch_time, None)
         if previous is not None:
             forget_accumulator(previous[1])  # a re-run of the batch counts afresh
         self._direct[batch_time] = (len(batch.splits), tally)
-        arrow_schema = to_arrow_schema(_with_dead_letter_columns(self.node.schema), timezone="UTC")
-        task = direct_task(self.source, list(batch.splits), arrow_schema, fn, tally)
-        splits = len(batch.splits)
-        return self.env.spark.range(0, splits, 1, splits).mapInArrow(task, schema)
+        arrow = _ArrowSettings.of(self.env.spark, self.node.schema)
+        return self._over_splits(batch, direct_task(self.source, list(batch.splits), arrow, fn, tally), schema)
 
     def _rows(self, batch_time: int, batch: SourceBatch) -> DataFrame:
         """Every row of the batch with the dead-letter columns (null for good rows)."""
@@ -196,9 +195,13 @@ class SourceReader(InputRuntime, DeadLetterReader):
             return native.select(*self._columns, F.lit(None).cast("string").alias(RAW),
                                  F.lit(None).cast("string").alias(REASON))
         schema = _with_dead_letter_columns(self.node.schema)
-        splits = len(batch.splits)
         reader = split_reader(self.source, list(batch.splits), to_arrow_schema(schema, timezone="UTC"))
-        return self.env.spark.range(0, splits, 1, splits).mapInArrow(reader, schema)
+        return self._over_splits(batch, reader, schema)
+
+    def _over_splits(self, batch: SourceBatch, task: ArrowFunction, schema: Any) -> DataFrame:
+        """``task`` over the batch's splits, one per partition: it gets the split's number."""
+        splits = len(batch.splits)
+        return self.env.spark.range(0, splits, 1, splits).mapInArrow(task, schema)
 
     @property
     def _readers(self) -> Readers:
@@ -220,11 +223,14 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self.get_or_compute(batch_time)
         read = self._read[batch_time]
         direct = self._direct.get(batch_time)
-        if direct is not None and not read.counted() and direct[1].value[0] == direct[0]:
-            _, good, bad = direct[1].value  # every split's task counted as it wrote
-            # Spark keeps an observation until a query holding it ends: one that holds it and
-            # reads nothing (a limit of 0, no task) lets it go, where it would stay for ever.
-            read.frame.limit(0).collect()
+        counted = direct[1].value if direct is not None else {}
+        if direct is not None and set(counted) == set(range(direct[0])):
+            # every split was read to its end by the tasks that wrote it
+            good, bad = sum(c[0] for c in counted.values()), sum(c[1] for c in counted.values())
+            if not read.counted():
+                # Spark keeps an observation until a query holding it ends: one that holds it and
+                # reads nothing (a limit of 0, no task) lets it go, where it would stay for ever.
+                read.frame.limit(0).collect()
         else:
             if not read.counted():
                 read.frame.count()  # no job read every row (no output reads this input): count now
@@ -263,53 +269,82 @@ def split_reader(source: Source, splits: list[Split],
     of dead letters)."""
 
     def read(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        for chunk in numbers:
-            for number in chunk.column(0).to_pylist():
-                yield from to_arrow(source.read(splits[number]), schema)
+        for number in _split_numbers(numbers):
+            yield from to_arrow(source.read(splits[number]), schema)
 
     return read
 
 
-Tally = tuple[int, int, int]
-"""What the tasks of a directly written batch count: splits read to the end, good rows, dead letters."""
+def _split_numbers(numbers: Iterator[pa.RecordBatch]) -> Iterator[int]:
+    for chunk in numbers:
+        yield from chunk.column(0).to_pylist()
+
+
+Tally = dict[int, tuple[int, int]]
+"""What the tasks of a directly written batch count: per split read to its end, its good rows
+and dead letters. Merged by split, so a split counted twice (a speculative or re-run task)
+counts once."""
 
 
 class _TallyParam(AccumulatorParam[Tally]):
     def zero(self, value: Tally) -> Tally:
-        return (0, 0, 0)
+        return {}
 
     def addInPlace(self, a: Tally, b: Tally) -> Tally:  # noqa: N802 - Spark's name
-        return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+        a.update(b)
+        return a
 
 
-def direct_task(source: Source, splits: list[Split], schema: pa.Schema, fn: ArrowFunction,
+@dataclass(frozen=True)
+class _ArrowSettings:
+    """How Spark would hand a ``mapInArrow`` function the input's rows: the schema with the
+    session's time zone and string types, at most ``max_rows`` rows a batch."""
+
+    schema: pa.Schema
+    """The source's columns, then the raw record and the reason of dead letters."""
+    max_rows: int
+
+    @classmethod
+    def of(cls, spark: SparkSession, schema: StructType) -> _ArrowSettings:
+        conf = spark.conf
+        arrow = to_arrow_schema(_with_dead_letter_columns(schema),
+                                timezone=conf.get("spark.sql.session.timeZone", "UTC"),
+                                prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes",
+                                                             "false") == "true")
+        max_rows = int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
+        return cls(arrow, max_rows if max_rows > 0 else 2**31)
+
+
+def direct_task(source: Source, splits: list[Split], arrow: _ArrowSettings, fn: ArrowFunction,
                 tally: Accumulator[Tally]) -> ArrowFunction:
     """The function each task of a directly written batch runs: its splits read by
     ``source.read`` and handed to ``fn`` (one call for the partition, as ``mapInArrow``
-    makes it), good rows only, in the source's columns; dead letters are counted and left
-    out (the input's dead-letter stream reads them again when asked). A split counts as read
-    once ``fn`` took its last row."""
+    makes it), good rows only, in the source's columns and in batches as Spark would cut
+    them; dead letters are counted and left out (the input's dead-letter stream reads them
+    again when asked). A split is counted once ``fn`` took its last row."""
+    schema = arrow.schema
     width = len(schema.names) - 2
     good_schema = pa.schema(list(schema)[:width])
 
     def task(numbers: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        counted = [0, 0, 0]
+        counted: Tally = {}
 
         def good_rows() -> Iterator[pa.RecordBatch]:
-            for chunk in numbers:
-                for number in chunk.column(0).to_pylist():
-                    for batch in to_arrow(source.read(splits[number]), schema):
-                        reasons = batch.column(width + 1)
-                        bad = len(reasons) - reasons.null_count
-                        if bad:
-                            batch = batch.filter(pc.is_null(reasons))
-                        counted[1] += batch.num_rows
-                        counted[2] += bad
-                        yield pa.RecordBatch.from_arrays(batch.columns[:width], schema=good_schema)
-                    counted[0] += 1
+            for number in _split_numbers(numbers):
+                good = bad = 0
+                for batch in to_arrow(source.read(splits[number]), schema):
+                    reasons = batch.column(width + 1)
+                    refused = len(reasons) - reasons.null_count
+                    if refused:
+                        batch = batch.filter(pc.is_null(reasons))
+                    good, bad = good + batch.num_rows, bad + refused
+                    rows = pa.RecordBatch.from_arrays(batch.columns[:width], schema=good_schema)
+                    for offset in range(0, rows.num_rows, arrow.max_rows):  # no empty batch
+                        yield rows.slice(offset, arrow.max_rows)
+                counted[number] = (good, bad)
 
         yield from fn(good_rows())
-        tally.add((counted[0], counted[1], counted[2]))
+        tally.add(counted)
 
     return task
 

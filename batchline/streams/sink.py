@@ -75,13 +75,20 @@ class BatchContext:
     token older than one already recorded comes from a driver that lost its lease."""
     arrow_mapper: Callable[[DataFrame, ArrowFunction, Any], DataFrame] | None = field(
         default=None, repr=False, compare=False)
-    """How this batch's stream runs ``map_in_arrow`` (set by the engine; None: plain ``mapInArrow``)."""
+    """How this batch's stream runs ``map_in_arrow`` (set by the engine; None: plain ``mapInArrow``).
+    It holds the engine's runtime, so it stays on the driver: a pickled context (in a task's
+    closure) has none."""
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "arrow_mapper": None}
 
     def map_in_arrow(self, df: DataFrame, fn: ArrowFunction, schema: Any) -> DataFrame:
         """``df.mapInArrow(fn, schema)``, in one pass where it can be: when ``df`` is an input's
         batch as read (the output writes the input itself, which nothing else reads), ``fn``
         gets each split's rows in the task that reads them, as Arrow batches of the stream's
-        schema. Either way ``fn`` is called once per partition, as ``mapInArrow`` calls it."""
+        schema (as Spark would cut and type them). Either way ``fn`` is called once per
+        partition, as ``mapInArrow`` calls it. Let ``fn`` read all of its input: the tasks then
+        count the input's records, which otherwise takes one more read of the batch."""
         if self.arrow_mapper is None:
             return df.mapInArrow(fn, schema)
         return self.arrow_mapper(df, fn, schema)
