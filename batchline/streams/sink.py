@@ -22,14 +22,15 @@ Write your own in one file::
 
 ``write`` runs on the driver and may start Spark jobs (``df.mapInArrow``, ``df.foreachPartition``,
 ``df.collect``); code that runs in tasks gets the sink pickled, so open connections there.
-A sink that writes Arrow batches from its tasks should call ``batch.map_in_arrow(df, fn,
-schema)`` rather than ``df.mapInArrow(fn, schema)``: when the output writes an input as read
-(``ssc.input(source).write(sink)``), ``fn`` then runs in the tasks that read the source, one
-Python pass per split instead of a read, a trip through Spark's JVM and a second pass.
 Start them from the thread ``write`` was called on, before it returns: a stateful operator
 that only this output reads runs inside the output's job, and its tasks find the batch's
 parameters among that thread's Spark local properties (a thread of your own must be a
 ``pyspark.InheritableThread``).
+
+A sink that writes Arrow batches from its tasks should call ``batch.map_in_arrow(df, fn,
+schema)`` rather than ``df.mapInArrow(fn, schema)``: when the output writes an input as read
+(``ssc.input(source).write(sink)``), ``fn`` then runs in the tasks that read the source, one
+Python pass per split instead of a read, a trip through Spark's JVM and a second pass.
 """
 
 from __future__ import annotations
