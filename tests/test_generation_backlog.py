@@ -6,6 +6,7 @@ scheduler played by the test, so the order of what its event loop does is exact;
 tests run a real restart through StreamingContext."""
 
 import threading
+from time import monotonic, sleep
 from types import SimpleNamespace
 
 import pytest
@@ -245,15 +246,27 @@ class Committer(threading.Thread):
         self.join(10)
 
 
+def stop_gracefully(g: Generator) -> threading.Thread:
+    """A graceful stop on a thread of its own, returned once it has asked the timer to stop:
+    the timer then fires the time it waits for and no other. (Driving the clock before that
+    let a slow stopper see one more time fire.)"""
+    stopper = threading.Thread(target=g.generator.stop, kwargs={"process_received_data": True})
+    stopper.start()
+    deadline = monotonic() + 10
+    while not g.generator.timer._stopping:  # waits on another thread, not on time
+        assert monotonic() < deadline, "the stop did not reach the timer within 10 s"
+        sleep(0.005)
+    return stopper
+
+
 def test_a_graceful_stop_generates_and_finishes_the_whole_queued_backlog():
     due = due_times(40)
     g = Generator(limit=2, due=due)
     g.restart()
     g.loop.wait_for_entry("checkpoint", 200)
     committer = Committer(g)
-    stopper = threading.Thread(target=g.generator.stop, kwargs={"process_received_data": True})
     with LogWatcher() as logs:
-        stopper.start()  # before any commit: 38 batches are queued
+        stopper = stop_gracefully(g)  # before any commit: 38 batches are queued
         committer.start()
         drive_until_done(g.clock, stopper)
     committer.stop()
@@ -274,9 +287,8 @@ def test_a_graceful_stop_that_times_out_names_the_queued_batches():
         g.loop.commit_next(g.generator)
     # Handled after 300's checkpoint was written and the batch marked processed:
     g.loop.wait_for_entry("checkpoint", 500)
-    stopper = threading.Thread(target=g.generator.stop, kwargs={"process_received_data": True})
     with LogWatcher() as logs:
-        stopper.start()
+        stopper = stop_gracefully(g)
         drive_until_done(g.clock, stopper)
     assert g.loop.committed == [100, 200, 300]
     assert g.loop.of("generated") == [100, 200, 300, 400, 500]
