@@ -144,7 +144,7 @@ def main() -> None:
     try:
         for n in range(1, args.batches + 1):
             completions.next_batch(clock, INTERVAL_MS)
-            if n % args.every == 0 or n in (1, args.baseline):
+            if n % args.every == 0 or n in (1, args.baseline, args.batches):
                 samples.append({"batch": n, "seconds": round(time.perf_counter() - started, 1), **sample()})
                 if n in (args.baseline, args.batches):
                     samples[-1]["jvm_live_heap"] = sum(live_heap_kib(p) or 0 for p in _processes()["jvm"])

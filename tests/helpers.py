@@ -7,6 +7,7 @@ import os
 import socket
 import sys
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,17 @@ def drive_until_done(clock: ManualClock, thread: threading.Thread, step_ms: int 
         clock.advance(step_ms)
         thread.join(0.01)
     raise TimeoutError("the thread did not finish while the clock was driven")
+
+
+def poll_until(predicate: Callable[[], bool], timeout_s: float = 10, step_s: float = 0.005) -> bool:
+    """Whether ``predicate`` came to hold within ``timeout_s`` of real time: for a state another
+    thread reaches without notifying anyone (a clock would not make it come sooner)."""
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(step_s)
+    return True
 
 
 @dataclass

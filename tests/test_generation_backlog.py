@@ -6,7 +6,6 @@ scheduler played by the test, so the order of what its event loop does is exact;
 tests run a real restart through StreamingContext."""
 
 import threading
-from time import monotonic, sleep
 from types import SimpleNamespace
 
 import pytest
@@ -17,7 +16,7 @@ from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job_generator import GeneratorSettings, JobGenerator
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.testing import wait_for
-from tests.helpers import LogWatcher, drive_until_done
+from tests.helpers import LogWatcher, drive_until_done, poll_until
 from tests.test_restart import Pipeline, event_numbers
 
 GENERATOR = "batchline.scheduler.job_generator"
@@ -252,10 +251,7 @@ def stop_gracefully(g: Generator) -> threading.Thread:
     let a slow stopper see one more time fire.)"""
     stopper = threading.Thread(target=g.generator.stop, kwargs={"process_received_data": True})
     stopper.start()
-    deadline = monotonic() + 10
-    while not g.generator.timer._stopping:  # waits on another thread, not on time
-        assert monotonic() < deadline, "the stop did not reach the timer within 10 s"
-        sleep(0.005)
+    assert poll_until(lambda: g.generator.timer._stopping), "the stop did not reach the timer within 10 s"
     return stopper
 
 

@@ -157,6 +157,12 @@ def python_passes(plan):
     return plan.count("MapInArrow")
 
 
+def input_counts(recorder):
+    """The records and dead letters the input reported over the run's batches."""
+    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
+    return sum(i.num_records or 0 for i in infos), sum(i.dead_letters for i in infos)
+
+
 def pending_observations(spark):
     """How many observations Spark's session keeps waiting for a query to fill them."""
     manager = spark._jsparkSession.observationManager()
@@ -178,9 +184,7 @@ def test_a_sink_that_maps_arrow_batches_writes_an_input_in_the_pass_that_reads_i
 
     assert sorted(sink.numbers) == expected_numbers()
     assert sink.plans and all(python_passes(plan) == 1 for plan in sink.plans)
-    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
-    assert sum(i.num_records or 0 for i in infos) == len(expected_numbers())
-    assert sum(i.dead_letters for i in infos) == len(range(37, TOTAL, 37))
+    assert input_counts(recorder) == (len(expected_numbers()), len(range(37, TOTAL, 37)))
 
 
 class GoodNumbers(Numbers):
@@ -218,9 +222,7 @@ def test_an_input_read_by_another_output_too_is_mapped_after_it_is_read(spark, t
     assert sorted(sink.numbers) == expected_numbers()
     assert sink.plans and all(python_passes(plan) == 2 for plan in sink.plans)
     assert len(dead) == len(range(37, TOTAL, 37))
-    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
-    assert sum(i.num_records or 0 for i in infos) == len(expected_numbers())
-    assert sum(i.dead_letters for i in infos) == len(dead)
+    assert input_counts(recorder) == (len(expected_numbers()), len(dead))
 
 
 class NativeNumbers(Numbers):
@@ -263,11 +265,6 @@ class FirstBatchSink(ArrowSink):
         if self.fail_first:
             self.fail_first = False
             raise RuntimeError("the destination went away after the rows were read")
-
-
-def input_counts(recorder):
-    infos = [info for batch in recorder.completed for info in batch.input_infos.values()]
-    return sum(i.num_records or 0 for i in infos), sum(i.dead_letters for i in infos)
 
 
 def test_counts_stay_exact_when_a_sink_reads_part_of_its_input_or_its_batch_runs_again(spark, tmp_path):

@@ -1,7 +1,5 @@
 """Windows over batches and the release of batch data no window needs any more (SPEC A5, C1)."""
 
-import time
-
 import pytest
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
@@ -9,6 +7,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from batchline import ConfigurationError, StreamingContext
 from batchline.clock import ManualClock
 from batchline.testing import BatchRecorder, CollectSink
+from tests.helpers import poll_until
 
 SCHEMA = StructType([StructField("n", LongType(), False)])
 
@@ -29,9 +28,8 @@ def run_batches(spark, build, count, start_ms=10_500, settled=None):
             recorder.wait_for_completed(i + 1)
             if i + 1 < count:
                 clock.advance(1000)
-        deadline = time.monotonic() + 10
-        while settled is not None and not settled(_runtimes(ssc, result)) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        if settled is not None:
+            poll_until(lambda: settled(_runtimes(ssc, result)))
     finally:
         ssc.stop()
     # What the test built, as the runtimes the run left behind (generated batches, memory).

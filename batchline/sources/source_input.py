@@ -71,9 +71,9 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self.end_of_input: dict[str, Any] | None = None
         self._batches: dict[int, SourceBatch] = {}
         self._read: dict[int, CountedBatch] = {}
-        self._direct: dict[int, tuple[int, Accumulator[Tally]]] = {}
-        """Batches an output wrote in the tasks that read them (``map_in_arrow``): their
-        number of splits and what those tasks counted."""
+        self._direct: dict[int, Accumulator[Tally]] = {}
+        """Batches an output wrote in the tasks that read them (``map_in_arrow``): what those
+        tasks counted."""
         self._native: set[int] = set()
         """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
         self._columns = [F.col(name) for name in node.schema.fieldNames()]
@@ -182,8 +182,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         tally: Accumulator[Tally] = self.env.spark.sparkContext.accumulator({}, _TallyParam())
         previous = self._direct.pop(batch_time, None)
         if previous is not None:
-            forget_accumulator(previous[1])  # a re-run of the batch counts afresh
-        self._direct[batch_time] = (len(batch.splits), tally)
+            forget_accumulator(previous)  # a re-run of the batch counts afresh
+        self._direct[batch_time] = tally
         arrow = _ArrowSettings.of(self.env.spark, self.node.schema)
         return self._over_splits(batch, direct_task(self.source, list(batch.splits), arrow, fn, tally), schema)
 
@@ -211,7 +211,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self._native.discard(batch_time)
         direct = self._direct.pop(batch_time, None)
         if direct is not None:
-            forget_accumulator(direct[1])
+            forget_accumulator(direct)
         read = self._read.pop(batch_time, None)
         if read is not None and read.frame.is_cached:
             read.frame.unpersist()
@@ -223,8 +223,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self.get_or_compute(batch_time)
         read = self._read[batch_time]
         direct = self._direct.get(batch_time)
-        counted = direct[1].value if direct is not None else {}
-        if direct is not None and set(counted) == set(range(direct[0])):
+        counted = direct.value if direct is not None else {}
+        if direct is not None and set(counted) == set(range(len(batch.splits))):
             # every split was read to its end by the tasks that wrote it
             good, bad = sum(c[0] for c in counted.values()), sum(c[1] for c in counted.values())
             if not read.counted():
