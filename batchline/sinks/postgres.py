@@ -4,9 +4,11 @@ Each batch goes in three steps:
 
 1. If the progress table holds a row for (pipeline, output, batch time), the batch was
    committed before: nothing is computed or written again.
-2. The Spark tasks load their partition's rows with ``COPY`` (psycopg 3, CSV written by
-   Arrow) into an unlogged staging table of this attempt. Each task replaces its own
-   partition's rows in one transaction, so a retried or speculative task never doubles them.
+2. The Spark tasks load their partition's rows with ``COPY`` (psycopg 3) into an unlogged
+   staging table of this attempt: binary COPY built from the Arrow columns, or CSV written by
+   Arrow where a column's type has no binary encoder (``batchline.sinks.pg_copy``). Each task
+   replaces its own partition's rows in one transaction, so a retried or speculative task
+   never doubles them.
 3. The driver moves the staged rows into the table and adds the batch's progress row, in one
    transaction: under a lock per (pipeline, output), it skips a batch already recorded and
    refuses a fencing token older than the newest recorded one (a driver that lost its
@@ -22,7 +24,6 @@ The DSN's password never appears in logs, errors or checkpoints.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import uuid
 from collections.abc import Callable, Iterator, Sequence
@@ -34,6 +35,7 @@ from pyspark.sql.types import StructType
 
 from batchline.checkpoint.lease import FencedError
 from batchline.errors import ConfigurationError, SinkError
+from batchline.sinks.pg_copy import CopyEncoding, copy_encoding
 from batchline.streams.sink import BatchContext, Sink, SinkContext
 
 __all__ = ["PostgresSink", "PROGRESS_TABLE", "describe_dsn"]
@@ -243,7 +245,9 @@ class PostgresSink(Sink):
                            self._scrub(error))
 
     def _copier(self, stage: str, schema: StructType) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-        return _partition_copier(self._dsn, stage, schema.fieldNames())
+        # The staging table has the table's column types, then the partition (integer) and row (bigint).
+        types = [self._columns[name][0] for name in schema.fieldNames()]
+        return _partition_copier(self._dsn, stage, schema.fieldNames(), copy_encoding([*types, "integer", "bigint"]))
 
     def _recorded(self, conn: Any, context: SinkContext, time_ms: int) -> Any:
         from psycopg import sql
@@ -338,14 +342,12 @@ def _password(dsn: str) -> str | None:
 
 
 # ------------------------------------------------------------------------------ in the tasks
-def _partition_copier(dsn: str, stage: str,
-                      columns: list[str]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
+def _partition_copier(dsn: str, stage: str, columns: list[str],
+                      encoding: CopyEncoding) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     """Each task: its partition's rows into the staging table with ``COPY``, replacing what
     an earlier attempt of the same partition staged, in one transaction."""
 
     def copy_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        import psycopg
-        import pyarrow.csv as csv
         from psycopg import sql
         from pyspark import TaskContext
 
@@ -356,29 +358,58 @@ def _partition_copier(dsn: str, stage: str,
         if first is None:
             return
         lock = int.from_bytes(hashlib.sha1(stage.encode()).digest()[:4], "big", signed=True)
-        names = sql.SQL(", ").join(sql.Identifier(name) for name in [*columns, _PART, _ROW])
-        options = csv.WriteOptions(include_header=False)
+        names = [*columns, _PART, _ROW]
         count = 0
-        with psycopg.connect(dsn, connect_timeout=10) as conn:
-            conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
+        conn = _locked_connection(dsn, lock, part)
+        try:
             conn.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(sql.Identifier(stage), sql.Identifier(_PART)),
                          (part,))
-            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
-                    sql.Identifier(stage), names)) as copy:
+            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN ({})").format(
+                    sql.Identifier(stage), sql.SQL(", ").join(map(sql.Identifier, names)),
+                    sql.SQL(encoding.option))) as copy:
+                copy.write(encoding.start())
                 for batch in _chain(first, rows):
-                    numbered = pa.RecordBatch.from_arrays(
+                    copy.write(encoding.rows(
                         [*batch.columns, pa.array([part] * batch.num_rows, pa.int32()),
-                         pa.array(range(count, count + batch.num_rows), pa.int64())],
-                        names=[*batch.schema.names, _PART, _ROW])
-                    buffer = io.BytesIO()
-                    csv.write_csv(numbered, buffer, options)
-                    copy.write(buffer.getbuffer())
+                         pa.array(range(count, count + batch.num_rows), pa.int64())], names))
                     count += batch.num_rows
+                copy.write(encoding.end())
             conn.commit()
+        except BaseException:
+            conn.close()
+            raise
+        _KEPT[dsn] = conn
         yield pa.RecordBatch.from_pylist([{"part": part, "rows": count}],
                                          schema=pa.schema([("part", pa.int32()), ("rows", pa.int64())]))
 
     return copy_partition
+
+
+_KEPT: dict[str, Any] = {}
+"""Per Python worker, its connection to each DSN, kept between tasks (Spark reuses workers):
+a task then skips connecting (and the password exchange), and the server a new backend."""
+
+
+def _locked_connection(dsn: str, lock: int, part: int) -> Any:
+    """A connection with a transaction open that holds the partition's staging lock. A kept
+    connection that the server dropped meanwhile (a restart) fails at this first statement,
+    before anything was read from the task's input, and is replaced by a new one."""
+    import psycopg
+
+    kept = _KEPT.pop(dsn, None)
+    if kept is not None and not kept.closed:
+        try:
+            kept.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
+            return kept
+        except psycopg.OperationalError:
+            kept.close()
+    conn = psycopg.connect(dsn, connect_timeout=10)
+    try:
+        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
+    except BaseException:
+        conn.close()
+        raise
+    return conn
 
 
 def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

@@ -19,6 +19,7 @@ import json
 import logging
 from collections.abc import Callable, Iterator, Sequence
 from decimal import Decimal, InvalidOperation
+from itertools import chain
 from typing import Any, TypeVar
 
 from pyspark.sql.types import (
@@ -371,14 +372,17 @@ def _arrow_page(stream: str, page: list[Any], columns: list[ArrowColumn]) -> Any
 
 def _field_columns(page: list[Any], keys: list[bytes]) -> list[list[Any]]:
     """Per key, every entry's value (None where an entry lacks the field). When all entries
-    name their fields in the same order, as producers usually write them, each column is one
-    slice of every entry's pair list; otherwise each entry becomes a dict first."""
+    name their fields in the same order, as producers usually write them, the page's pair
+    lists are laid end to end and each column is one strided slice of that (no Python loop
+    per entry); otherwise each entry becomes a dict first."""
     pairs = [fields for _, fields in page]
-    layout = pairs[0][0::2] if pairs else []
-    if all(fields[0::2] == layout for fields in pairs):
-        where = {key: index for index, key in enumerate(layout)}
-        return [[fields[2 * where[key] + 1] for fields in pairs] if key in where else [None] * len(pairs)
-                for key in keys]
+    width = len(pairs[0]) if pairs else 0
+    if width and width % 2 == 0 and set(map(len, pairs)) == {width}:
+        flat = list(chain.from_iterable(pairs))
+        layout = pairs[0][0::2]
+        if all(flat[2 * index::width].count(name) == len(pairs) for index, name in enumerate(layout)):
+            where = {name: index for index, name in enumerate(layout)}
+            return [flat[2 * where[key] + 1::width] if key in where else [None] * len(pairs) for key in keys]
     dicts = [_as_dict(fields) for fields in pairs]
     return [[fields.get(key) for fields in dicts] for key in keys]
 
