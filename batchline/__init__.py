@@ -16,7 +16,7 @@ from batchline.scheduler.progress import BatchProgress
 from batchline.scheduler.retry import RetryPolicy
 from batchline.sources.receiver import Receiver
 from batchline.sources.source import DeadLetter, Source, SourceBatch
-from batchline.streams.sink import BatchContext, Sink, SinkContext
+from batchline.streams.sink import BatchContext, PendingCommit, Sink, SinkContext
 
 __all__ = [
     "BatchContext",
@@ -33,6 +33,7 @@ __all__ = [
     "KeyedStream",
     "ManualClock",
     "NoOutputOperationError",
+    "PendingCommit",
     "Receiver",
     "RetryPolicy",
     "Sink",

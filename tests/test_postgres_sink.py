@@ -62,6 +62,13 @@ def opened(sink, output="out"):
     return sink
 
 
+def written(sink, df, context):
+    """``sink.write`` and the commit it leaves, as the engine takes them."""
+    pending = sink.write(df, context)
+    if pending is not None:
+        pending.commit()
+
+
 def test_upsert_inserts_and_updates_by_key_and_the_last_row_of_a_batch_wins(spark, postgres_server, table, tmp_path):
     ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "c"))
     items = [[("a", 1), ("b", 2)], [("a", 10), ("c", 3), ("a", 11)], [("b", None)], END]
@@ -77,9 +84,9 @@ def test_upsert_inserts_and_updates_by_key_and_the_last_row_of_a_batch_wins(spar
 def test_append_writes_every_row_once_even_when_a_batch_is_written_again(spark, postgres_server, table):
     sink = opened(PostgresSink(postgres_server.dsn, table))
     df = spark.createDataFrame([("a", 1), ("b", 2), ("c", 3)], ROWS).repartition(2)
-    sink.write(df, batch(1000))
-    sink.write(df, batch(1000))  # the same batch again (a re-run after a crash): skipped
-    sink.write(spark.createDataFrame([("d", 4)], ROWS), batch(2000))
+    written(sink, df, batch(1000))
+    written(sink, df, batch(1000))  # the same batch again (a re-run after a crash): skipped
+    written(sink, spark.createDataFrame([("d", 4)], ROWS), batch(2000))
     assert select(postgres_server.dsn, f"SELECT key, value, note FROM {table} ORDER BY key") == [
         ("a", 1, None), ("b", 2, None), ("c", 3, None), ("d", 4, None)]
     assert sink.last_commit() == {"table": table, "batch_time": 2000}
@@ -108,7 +115,7 @@ def test_values_of_every_supported_type_arrive_as_they_were(spark, postgres_serv
     rows = [('a "quoted", with\nnewline', 2**62, 1.5, True, Decimal("12.34"), stamp, dt.date(2026, 1, 2), '{"k": 1}'),
             ("", None, None, None, None, None, None, None)]
     sink = opened(PostgresSink(postgres_server.dsn, name))
-    sink.write(spark.createDataFrame(rows, schema), batch(1000))
+    written(sink, spark.createDataFrame(rows, schema), batch(1000))
     found = select(postgres_server.dsn, f"SELECT s, l, d, b, n, ts, day, j FROM {name} ORDER BY s DESC")
     assert found[0][:5] == rows[0][:5] and found[0][5] == stamp and found[0][6] == rows[0][6]
     assert found[0][7] == {"k": 1}
@@ -132,7 +139,7 @@ def test_a_stream_that_does_not_fit_the_table_is_refused_naming_each_column(spar
         conn.execute(f"ALTER TABLE {table} ADD COLUMN required int NOT NULL")
     sink = opened(PostgresSink(postgres_server.dsn, table))
     with pytest.raises(ConfigurationError, match="table column 'required' is NOT NULL without a default"):
-        sink.write(spark.createDataFrame([("a", 1)], ROWS), batch(1000))
+        written(sink, spark.createDataFrame([("a", 1)], ROWS), batch(1000))
 
 
 def test_missing_table_and_missing_unique_key_are_refused_at_start(postgres_server, table):
@@ -175,10 +182,10 @@ def test_a_driver_whose_token_is_older_than_the_newest_recorded_is_refused(spark
     df = spark.createDataFrame([("a", 1)], ROWS)
     old = opened(PostgresSink(postgres_server.dsn, table))
     new = opened(PostgresSink(postgres_server.dsn, table))
-    old.write(df, batch(1000, token=1))
-    new.write(spark.createDataFrame([("b", 2)], ROWS), batch(2000, token=2))  # took the location over
+    written(old, df, batch(1000, token=1))
+    written(new, spark.createDataFrame([("b", 2)], ROWS), batch(2000, token=2))  # took the location over
     with pytest.raises(FencedError, match="lease token 1 is older than token 2"):
-        old.write(spark.createDataFrame([("c", 3)], ROWS), batch(3000, token=1))
+        written(old, spark.createDataFrame([("c", 3)], ROWS), batch(3000, token=1))
     assert select(postgres_server.dsn, f"SELECT key FROM {table} ORDER BY key") == [("a",), ("b",)]
 
 

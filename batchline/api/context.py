@@ -458,7 +458,8 @@ class StreamingContext:
 
         self._scheduler = JobScheduler(
             SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
-                              f"batchline-{uuid.uuid4().hex[:8]}", self.retry),
+                              f"batchline-{uuid.uuid4().hex[:8]}", self.retry,
+                              overlap_commits=not self.graph.ordered_batches),
             self.spark, self.clock, self._lifecycle, self._fail, commit_batch,
         )
         generator = self._generator = JobGenerator(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import enum
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from batchline.errors import ContextStateError
 from batchline.scheduler.input_info import StreamInputInfo
 
-__all__ = ["Job", "JobKind", "JobSet", "BatchState", "FailedIn"]
+__all__ = ["Job", "JobKind", "JobSet", "BatchState", "FailedIn", "PendingCommit"]
 
 
 class JobKind(enum.Enum):
@@ -27,12 +28,29 @@ class JobKind(enum.Enum):
     reported (and runs the partitions that job did not evaluate)."""
 
 
+class PendingCommit(ABC):
+    """What a job leaves to do on the driver once all of its batch's jobs succeeded: a sink
+    commits what its tasks staged (``Sink.write`` returns one). The engine calls exactly one
+    of ``commit`` and ``abandon``, on the thread that ran the job."""
+
+    @abstractmethod
+    def commit(self) -> None:
+        """Make the batch's writes visible, idempotently per batch time: a batch that runs
+        again (a later commit of the same batch failed) commits again. Raise to fail the batch;
+        it then runs again from its jobs, as the retry policy allows."""
+
+    def abandon(self) -> None:  # noqa: B027 (optional hook)
+        """This attempt of the batch will not commit (another of its jobs or commits failed,
+        or the pipeline stops): let go of what was staged. Errors are logged, not raised."""
+
+
 @dataclass(frozen=True)
 class Job:
     batch_time: int
     name: str
     """The input's, operator's or output's name."""
-    run: Callable[[], None]
+    run: Callable[[], PendingCommit | None]
+    """Runs the job's Spark work; an output's may leave its commit to run after the batch's jobs."""
     kind: JobKind
 
     def describe(self) -> str:

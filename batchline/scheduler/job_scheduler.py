@@ -15,7 +15,7 @@ from pyspark.sql import SparkSession
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
 from batchline.errors import BatchFailedError, short_cause
-from batchline.scheduler.job import BatchState, FailedIn, Job, JobSet
+from batchline.scheduler.job import BatchState, FailedIn, Job, JobSet, PendingCommit
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.retry import RetryPolicy
 
@@ -35,6 +35,9 @@ class SchedulerSettings:
     job_group_prefix: str
     retry: RetryPolicy = field(default_factory=RetryPolicy.never)
     """How a batch whose job failed runs again (SPEC H3)."""
+    overlap_commits: bool = False
+    """Whether a batch may commit while the next batch's jobs run. True when no stateful
+    operator builds a batch on the one before; batches still commit in order."""
 
 
 class _Verdict(enum.Enum):
@@ -49,14 +52,29 @@ def _batch(batch_time: int) -> str:
     return f"{format_batch_time(batch_time)} ({batch_time} ms)"
 
 
+@dataclass
+class _Turn:
+    """A batch's place in the commit order: set done when the batch stops running (committed
+    or not); the next batch commits only after it, and only if it committed."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    committed: bool = False
+
+
+_Failure = tuple[Job, BaseException]
+
+
 class JobScheduler:
     """Runs job sets, at most ``concurrent_jobs`` batches at a time, in submission order.
 
     The jobs of one batch run one after another on the same thread, inside a Spark job group
     named after the batch, so an immediate stop can cancel exactly the running batches. When
     one fails, the batch's jobs run again after a backoff on the clock, as ``settings.retry``
-    allows; a stop cuts the wait short. Once they all succeeded, ``commit(batch_time)``
-    commits the batch on that same thread. What happens to each batch is told to ``lifecycle``.
+    allows; a stop cuts the wait short. Once they all succeeded, the commits they left
+    (``PendingCommit``, a sink's move of staged rows) run, then ``commit(batch_time)`` commits
+    the batch, on that same thread. With ``overlap_commits`` that commit step no longer holds
+    the batch's slot: the next batch's jobs run meanwhile, and it commits only after this one
+    did. What happens to each batch is told to ``lifecycle``.
     """
 
     def __init__(
@@ -74,11 +92,16 @@ class JobScheduler:
         self._lifecycle = lifecycle
         self._on_error = on_error
         self._commit = commit
+        # One more thread when commits overlap: a batch committing while the next runs its jobs.
         self._executor = concurrent.futures.ThreadPoolExecutor(
-            max_workers=settings.concurrent_jobs, thread_name_prefix="batchline-job"
+            max_workers=settings.concurrent_jobs + (1 if settings.overlap_commits else 0),
+            thread_name_prefix="batchline-job",
         )
+        self._slots = threading.Semaphore(settings.concurrent_jobs)
+        """Held while a batch runs its jobs: at most ``concurrent_jobs`` batches do at once."""
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[None]] = {}
+        self._last_turn: _Turn | None = None
         self._cancelling = False
         self._stop_waiting = threading.Event()
         """Set on stop: a batch waiting to retry gives up at once."""
@@ -89,8 +112,10 @@ class JobScheduler:
             # Still reported: the batch took its input, and listeners see every batch time.
             logger.info("No jobs added for time %d ms", job_set.time)
         self._lifecycle.generated(job_set)
-        future = self._executor.submit(self._run_job_set, job_set)
         with self._lock:
+            previous, turn = self._last_turn, _Turn()
+            self._last_turn = turn
+            future = self._executor.submit(self._run_job_set, job_set, previous, turn)
             self._futures[job_set.time] = future
         future.add_done_callback(functools.partial(self._forget_future, job_set.time))
         if job_set.jobs:
@@ -105,11 +130,18 @@ class JobScheduler:
         return f"{self.settings.job_group_prefix}-{batch_time}"
 
     # ---------------------------------------------------------------- execution
-    def _run_job_set(self, job_set: JobSet) -> None:
+    def _run_job_set(self, job_set: JobSet, previous: _Turn | None, turn: _Turn) -> None:
+        try:
+            turn.committed = self._run_and_commit(job_set, previous)
+        finally:
+            turn.done.set()
+
+    def _run_and_commit(self, job_set: JobSet, previous: _Turn | None) -> bool:
         """Run the batch's jobs, again after a backoff while the retry policy allows (SPEC H3),
-        then commit it. A batch that fails for good is reported, uncommitted."""
+        then commit it; whether it committed. A batch that fails for good is reported,
+        uncommitted."""
         if self._cancelling:
-            return
+            return False
         spark_context = self._spark.sparkContext
         spark_context.setJobGroup(
             self._group_id(job_set.time), f"batchline batch {format_batch_time(job_set.time)}", True
@@ -118,22 +150,30 @@ class JobScheduler:
         job_set.move_to(BatchState.RUNNING)
         attempts = 1
         self._lifecycle.started(job_set, attempts)
-        while (failure := self._run_jobs(job_set)) is not None:
+        while True:
+            try:
+                failure, commit_started = self._attempt(job_set, previous)
+            except _NoTurn as no_turn:
+                self._fail(job_set, BatchFailedError(job_set.time, "commit", no_turn, attempts, "the batch's commit"),
+                           attempts, stopped=True)
+                return False
+            if failure is None:
+                break
             job, cause = failure
             verdict = self._after_failure(job_set, job, cause, attempts)
             if verdict is not _Verdict.RETRY:
                 self._fail(job_set, BatchFailedError(job_set.time, job.name, cause, attempts, job.describe()),
                            attempts, stopped=verdict is _Verdict.STOPPED)
-                return
+                return False
             attempts += 1
-        job_set.processing_end_time = commit_started = self._clock.now_ms()
+        job_set.processing_end_time = self._clock.now_ms()
         try:
             # Not retried: the commit marker may already be written, and a fenced driver must stop.
             self._commit(job_set.time)
         except BaseException as cause:
             self._fail(job_set, BatchFailedError(job_set.time, "commit", cause, attempts, "the batch's commit"),
                        attempts, stopped=self._cancelling)
-            return
+            return False
         job_set.move_to(BatchState.COMPLETED)
         self._lifecycle.finished(job_set, attempts, self._clock.now_ms() - commit_started)
         logger.info(
@@ -142,21 +182,60 @@ class JobScheduler:
             job_set.processing_end_time - job_set.processing_start_time,
             f", {attempts} attempts" if attempts > 1 else "",
         )
+        return True
 
-    def _run_jobs(self, job_set: JobSet) -> tuple[Job, BaseException] | None:
-        """Run every job of the batch in order; the first one that fails and why, or None."""
+    def _attempt(self, job_set: JobSet, previous: _Turn | None) -> tuple[_Failure | None, int]:
+        """One run of the batch's jobs, then (its turn come) the commits they left: the first
+        failure or None, and when the commit step started. With ``overlap_commits`` the batch
+        gives its slot up before it waits for its turn."""
+        self._slots.acquire()
+        holding = True
+        try:
+            failure, pending = self._run_jobs(job_set)
+            if failure is not None:
+                return failure, 0
+            if self.settings.overlap_commits:
+                self._slots.release()
+                holding = False
+                if not self._wait_for_turn(previous):
+                    _abandon(pending)
+                    raise _NoTurn("the batch before it did not commit, or the pipeline is stopping")
+            commit_started = self._clock.now_ms()
+            return _commit_all(pending), commit_started
+        finally:
+            if holding:
+                self._slots.release()
+
+    def _wait_for_turn(self, previous: _Turn | None) -> bool:
+        """Wait until the batch before has stopped running; whether it committed (a stop ends
+        the wait with False)."""
+        if previous is None:
+            return True
+        while not previous.done.wait(0.05):
+            if self._cancelling:
+                return False
+        return previous.committed
+
+    def _run_jobs(self, job_set: JobSet) -> tuple[_Failure | None, list[tuple[Job, PendingCommit]]]:
+        """Run every job of the batch in order: the first one that fails and why (or None), and
+        the commits the jobs left (none after a failure: they are abandoned)."""
+        pending: list[tuple[Job, PendingCommit]] = []
         for job in job_set.jobs:
             logger.debug("Starting job %s of batch %d", job.describe(), job.batch_time)
             started = self._clock.now_ms()
             try:
-                job.run()
+                left = job.run()
             except FailedIn as failure:
-                return failure.job, failure.cause
+                _abandon(pending)
+                return (failure.job, failure.cause), []
             except BaseException as cause:
-                return job, cause
+                _abandon(pending)
+                return (job, cause), []
             finally:
                 self._lifecycle.job_finished(job_set, job, started, self._clock.now_ms())
-        return None
+            if left is not None:
+                pending.append((job, left))
+        return None, pending
 
     def _after_failure(self, job_set: JobSet, job: Job, cause: BaseException, attempt: int) -> _Verdict:
         """Decide whether run ``attempt`` of the batch is followed by another; wait the backoff if so."""
@@ -234,3 +313,27 @@ class JobScheduler:
                 logger.warning("Some batch jobs did not return %.0f s after being cancelled", _CANCEL_GRACE_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return unfinished
+
+
+class _NoTurn(Exception):  # noqa: N818 (read as "the batch got no turn to commit")
+    """A batch's commit step that does not run: the batch before did not commit, or a stop came."""
+
+
+def _commit_all(pending: list[tuple[Job, PendingCommit]]) -> _Failure | None:
+    """The jobs' commits in job order; the first that fails (the rest are abandoned) or None."""
+    for index, (job, left) in enumerate(pending):
+        try:
+            left.commit()
+        except BaseException as cause:
+            _abandon(pending[index + 1:])
+            return job, cause
+    return None
+
+
+def _abandon(pending: list[tuple[Job, PendingCommit]]) -> None:
+    for job, left in pending:
+        try:
+            left.abandon()
+        except Exception as error:  # noqa: BLE001 (what was staged is cleaned up by the next start)
+            logger.warning("Letting go of what %s staged for batch %d failed: %s", job.describe(), job.batch_time,
+                           short_cause(error))

@@ -13,7 +13,9 @@ Each batch goes in three steps:
    transaction: under a lock per (pipeline, output), it skips a batch already recorded and
    refuses a fencing token older than the newest recorded one (a driver that lost its
    checkpoint lease). Then the staging table is dropped. A batch without rows stops after
-   step 2: no transaction, no progress row.
+   step 2: no transaction, no progress row. ``write`` returns this step as the batch's
+   ``PendingCommit``: the engine takes it once the batch's jobs all succeeded, in batch
+   order, and in a pipeline without stateful operators while the next batch's tasks run.
 
 ``mode="append"`` inserts the rows; ``mode="upsert"`` inserts or updates by
 ``key`` (``INSERT ... ON CONFLICT``; of several rows with one key in a batch, the last wins).
@@ -23,6 +25,9 @@ The DSN's password never appears in logs, errors or checkpoints.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import functools
 import hashlib
 import logging
 import uuid
@@ -36,7 +41,7 @@ from pyspark.sql.types import StructType
 from batchline.checkpoint.lease import FencedError
 from batchline.errors import ConfigurationError, SinkError
 from batchline.sinks.pg_copy import CopyEncoding, copy_encoding
-from batchline.streams.sink import BatchContext, Sink, SinkContext
+from batchline.streams.sink import BatchContext, PendingCommit, Sink, SinkContext
 
 __all__ = ["PostgresSink", "PROGRESS_TABLE", "describe_dsn"]
 
@@ -138,41 +143,62 @@ class PostgresSink(Sink):
                             context.output)
             conn.commit()
 
-    def write(self, df: DataFrame, batch: BatchContext) -> None:
+    def write(self, df: DataFrame, batch: BatchContext) -> PendingCommit | None:
+        """Steps 1 and 2; step 3 is the returned commit (the engine takes it once the batch's
+        jobs succeeded, while the next batch's jobs run)."""
         context = self._context
         if context is None:
             raise SinkError("the PostgreSQL output was not opened; this is a bug in batchline")
         time_ms = int(batch.batch_time)
-        try:
+        with self._failures_explained(batch):
             with self._connect() as conn:
                 if self._recorded(conn, context, time_ms) is not None:
                     logger.info("Batch %s was committed to %s before; not writing it again", batch.batch_time,
                                 self.table)
-                    self._last_commit = max(time_ms, self._last_commit or time_ms)
-                    return
+                    self._committed(time_ms)
+                    return None
                 self._check_schema(df.schema)
                 stage = self._create_stage(conn, df.schema)
             try:
                 copied = batch.map_in_arrow(df, self._copier(stage, df.schema), "part int, rows long")
                 staged = sum(row["rows"] for row in copied.collect())
-                if not staged:
-                    return  # nothing to write: no transaction, no progress row (a re-run writes nothing either)
-                with self._connect() as conn:
-                    moved = self._commit(conn, context, batch, stage, df.schema)
-            finally:
+            except BaseException:
                 self._drop(stage)
+                raise
+        if not staged:
+            self._drop(stage)
+            return None  # nothing to write: no transaction, no progress row (a re-run writes nothing either)
+        return _StagedBatch(functools.partial(self._move, context, batch, stage, df.schema, staged),
+                            functools.partial(self._drop, stage))
+
+    def last_commit(self) -> dict[str, Any] | None:
+        return {"table": self.table, "batch_time": self._last_commit}
+
+    def _move(self, context: SinkContext, batch: BatchContext, stage: str, schema: StructType, staged: int) -> None:
+        try:
+            with self._failures_explained(batch), self._connect() as conn:
+                moved = self._commit(conn, context, batch, stage, schema)
+        finally:
+            self._drop(stage)
+        if moved is not None:
+            logger.debug("Batch %s: %d rows into %s (%d staged)", batch.batch_time, moved, self.table, staged)
+        self._committed(int(batch.batch_time))
+
+    def _committed(self, time_ms: int) -> None:
+        self._last_commit = max(time_ms, self._last_commit or time_ms)
+
+    @contextlib.contextmanager
+    def _failures_explained(self, batch: BatchContext) -> Iterator[None]:
+        """A failure of a step as a ``SinkError`` without the DSN's password; the engine's own
+        errors (a fenced driver, a configuration to change) as they are."""
+        try:
+            yield
         except (FencedError, ConfigurationError, SinkError):
             raise
         except Exception as error:
             raise SinkError(
                 f"writing batch {batch.batch_time} to {self.table} at {self.where} failed: {self._scrub(error)}. "
                 "Nothing of the batch is in the table; it runs again (retries, or the next start)") from None
-        if moved is not None:
-            logger.debug("Batch %s: %d rows into %s (%d staged)", batch.batch_time, moved, self.table, staged)
-        self._last_commit = max(time_ms, self._last_commit or time_ms)
-
-    def last_commit(self) -> dict[str, Any] | None:
-        return {"table": self.table, "batch_time": self._last_commit}
 
     # ---------------------------------------------------------------- steps
     def _commit(self, conn: Any, context: SinkContext, batch: BatchContext, stage: str,
@@ -339,6 +365,21 @@ def _password(dsn: str) -> str | None:
         return str(password) if password else None
     except Exception:  # noqa: BLE001
         return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _StagedBatch(PendingCommit):
+    """Step 3 of a batch whose rows are staged: ``move`` them into the table with the progress
+    row, or ``drop`` them."""
+
+    move: Callable[[], None]
+    drop: Callable[[], None]
+
+    def commit(self) -> None:
+        self.move()
+
+    def abandon(self) -> None:
+        self.drop()
 
 
 # ------------------------------------------------------------------------------ in the tasks

@@ -6,7 +6,7 @@ import functools
 from dataclasses import dataclass
 
 from batchline.batch_time import BatchTime
-from batchline.scheduler.job import Job, JobKind
+from batchline.scheduler.job import Job, JobKind, PendingCommit
 from batchline.streams.base import StreamNode, StreamRuntime
 from batchline.streams.sink import NO_FENCING_TOKEN, BatchContext, Sink, SinkContext
 
@@ -49,20 +49,21 @@ class OutputOperation:
         sink, pipeline, stamp = self.sink, pipeline_identity(runtime), BatchTime(batch_time)
         checkpoint = runtime.env.checkpoint
 
-        def run() -> None:
+        def run() -> PendingCommit | None:
             # Asked as the job runs, after the batch's stateful operators: a batch known to hold
             # no rows (no input, no timer due) costs no Spark job and no call of the sink.
-            if not runtime.finished_before(batch_time) and runtime.has_rows(batch_time):
-                # The token as the job runs: the one this driver's commit marker will carry.
-                token = checkpoint.lease.token if checkpoint is not None else None
-                try:
-                    sink.write(df, BatchContext(stamp, self.name, pipeline,
-                                                NO_FENCING_TOKEN if token is None else token,
-                                                functools.partial(runtime.map_in_arrow, batch_time)))
-                except Exception as error:
-                    explained = runtime.explain_failure(batch_time, error)  # e.g. a state function that raised
-                    if explained is None:
-                        raise
-                    raise explained from None
+            if runtime.finished_before(batch_time) or not runtime.has_rows(batch_time):
+                return None
+            # The token as the job runs: the one this driver's commit marker will carry.
+            token = checkpoint.lease.token if checkpoint is not None else None
+            try:
+                return sink.write(df, BatchContext(stamp, self.name, pipeline,
+                                                   NO_FENCING_TOKEN if token is None else token,
+                                                   functools.partial(runtime.map_in_arrow, batch_time)))
+            except Exception as error:
+                explained = runtime.explain_failure(batch_time, error)  # e.g. a state function that raised
+                if explained is None:
+                    raise
+                raise explained from None
 
         return Job(batch_time, self.name, run, JobKind.OUTPUT)

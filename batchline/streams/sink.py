@@ -27,6 +27,13 @@ that only this output reads runs inside the output's job, and its tasks find the
 parameters among that thread's Spark local properties (a thread of your own must be a
 ``pyspark.InheritableThread``).
 
+A sink whose commit is a step on the driver after its Spark jobs (moving what the tasks
+staged into place, in one transaction) returns that step from ``write`` as a
+:class:`PendingCommit` instead of taking it before it returns. The engine calls its
+``commit`` once all of the batch's jobs succeeded, in batch order; in a pipeline without
+stateful operators the next batch's jobs run meanwhile, so the commit costs no time of its
+own. ``commit`` starts no Spark job.
+
 A sink that writes Arrow batches from its tasks should call ``batch.map_in_arrow(df, fn,
 schema)`` rather than ``df.mapInArrow(fn, schema)``: when the output writes an input as read
 (``ssc.input(source).write(sink)``), ``fn`` then runs in the tasks that read the source, one
@@ -43,9 +50,10 @@ from typing import Any, ClassVar
 from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
+from batchline.scheduler.job import PendingCommit
 from batchline.streams.base import ArrowFunction
 
-__all__ = ["Sink", "SinkContext", "BatchContext", "ForeachBatchSink", "NO_FENCING_TOKEN"]
+__all__ = ["Sink", "SinkContext", "BatchContext", "ForeachBatchSink", "PendingCommit", "NO_FENCING_TOKEN"]
 
 NO_FENCING_TOKEN = 0
 """The token of a pipeline without a checkpoint location (no lease): older than any lease's."""
@@ -108,9 +116,10 @@ class Sink(ABC):
         with what to change when the destination does not fit."""
 
     @abstractmethod
-    def write(self, df: DataFrame, batch: BatchContext) -> None:
+    def write(self, df: DataFrame, batch: BatchContext) -> PendingCommit | None:
         """Write one batch, idempotently per ``batch.batch_time``; raise to fail the batch
-        (it is retried with the same rows, see ``RetryPolicy``)."""
+        (it is retried with the same rows, see ``RetryPolicy``). Return None when the batch
+        is written by the time ``write`` returns, or the commit still to take (see above)."""
 
     def last_commit(self) -> dict[str, Any] | None:
         """The newest batch this sink committed (JSON), kept in a finished pipeline's final
