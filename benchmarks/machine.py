@@ -53,8 +53,10 @@ def descendants(root: int, parent_of: dict[int, int]) -> set[int]:
     return found
 
 
-def write_result(name: str, figures: dict[str, Any]) -> Path:
-    RESULTS.mkdir(exist_ok=True)
+def write_result(name: str, figures: dict[str, Any], path: Path | None = None) -> Path:
+    """The figures with machine, date and command, as ``benchmarks/results/<name>.json`` (or ``path``)."""
+    path = path or RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "benchmark": name,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
@@ -62,6 +64,5 @@ def write_result(name: str, figures: dict[str, Any]) -> Path:
         "machine": machine(),
         **figures,
     }
-    path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path

@@ -17,7 +17,9 @@ collection (``jcmd GC.class_histogram``, at the baseline batch and at the last),
 committed and touched at start (``-Xms`` = ``spark.driver.memory``, ``-XX:+AlwaysPreTouch``), so
 its resident set no longer moves with the collector's choices.
 
-    python -m benchmarks.soak [--batches 20000] [--baseline 1000] [--every 250] [--fixed-heap]
+    python -m benchmarks.soak [--batches 20000] [--baseline 1000] [--every 250] [--fixed-heap] [--output PATH]
+
+``tests/test_soak.py`` runs it (``pytest -m soak``) and holds it to the issue's bound.
 """
 
 from __future__ import annotations
@@ -126,6 +128,7 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=200, help="generated events per second of batch time")
     parser.add_argument("--users", type=int, default=500)
     parser.add_argument("--fixed-heap", action="store_true", help=f"start the JVM with {FIXED_HEAP}")
+    parser.add_argument("--output", type=Path, help="write the figures there instead of benchmarks/results/soak.json")
     args = parser.parse_args()
 
     work = Path(tempfile.mkdtemp(prefix="batchline-soak-"))
@@ -158,7 +161,7 @@ def main() -> None:
     figures = {"batches": args.batches, "baseline_batch": args.baseline, "rate": args.rate, "users": args.users,
                "jvm_options": FIXED_HEAP if args.fixed_heap else None,
                "growth_percent_since_baseline": growth, "samples_kib": samples}
-    path = write_result("soak", figures)
+    path = write_result("soak", figures, args.output)
     print(json.dumps({"growth_percent_since_baseline": growth}, indent=2))
     print(f"Written to {path}")
 

@@ -25,6 +25,12 @@ def pytest_collection_modifyitems(config, items):
         if item.module.__name__.rsplit(".", 1)[-1] in CHAOS_MODULES or item.originalname in CHAOS_TESTS:
             item.add_marker("chaos")
             item.add_marker("spark")
+    # The soak test runs for hours: only a selection that names it (``-m soak``) runs it.
+    if "soak" not in (config.getoption("markexpr") or ""):
+        soaks = [item for item in items if item.get_closest_marker("soak")]
+        if soaks:
+            config.hook.pytest_deselected(items=soaks)
+            items[:] = [item for item in items if not item.get_closest_marker("soak")]
 
 
 @pytest.fixture(scope="session")
