@@ -31,6 +31,8 @@ COLUMNS = [  # (name, PostgreSQL type, information_schema's data_type, Arrow col
     ("i64", "bigint", "bigint", pa.array([2**62, -1, 0, None, 2**63 - 1, 5], pa.int64())),
     ("widened", "bigint", "bigint", pa.array([1, 2, None, 4, 5, 6], pa.int32())),
     ("f32", "real", "real", pa.array([1.5, None, -0.25, float("inf"), 3.0, 0.0], pa.float32())),
+    ("f32_wide", "double precision", "double precision",  # a Spark float: its shortest form, as CSV
+     pa.array([0.1, None, -2.5, 3.4e38, 1e-7, 0.0], pa.float32())),
     ("f64", "double precision", "double precision",
      pa.array([0.1, 1e300, None, float("-inf"), -0.0, 2.5], pa.float64())),
     ("b", "boolean", "boolean", pa.array([True, False, None, True, False, True])),
@@ -97,7 +99,7 @@ def test_binary_copy_lands_the_same_values_as_csv_for_every_type(postgres_server
     assert first["s"] == 'a "q", b\nc' and first["ts"] == "2026-11-23 12:30:45.123456+00"  # Arrow holds UTC
     assert first["naive"] == "2026-01-02 03:04:05" and first["zoned_wall"] == "2026-01-01 22:04:05"
     assert first["n"] == "12.345" and first["nf"] == "0.1"
-    assert first["j"] == '{"k": 1}' and first["js"] == '{"k":  1}' and first["f64"] == "0.1"
+    assert first["j"] == '{"k": 1}' and first["js"] == '{"k":  1}' and first["f64"] == first["f32_wide"] == "0.1"
     assert [r[names.index("s")] for r in found] == ['a "q", b\nc', "", None, "ünï €", "x" * 300, "z"]
 
 

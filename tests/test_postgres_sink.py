@@ -259,3 +259,20 @@ def test_an_input_written_as_read_arrives_with_every_type_and_without_its_dead_l
     assert len(plans) == 3 and all(plan.count("MapInArrow") == 1 for plan in plans)
     found = select(postgres_server.dsn, f"SELECT s, l, d, b, n, ts, day, j::text FROM {name} ORDER BY l NULLS LAST")
     assert found == rows
+
+
+def test_a_batch_whose_commit_is_abandoned_leaves_neither_rows_nor_a_staging_table(spark, postgres_server, table):
+    """The engine abandons a staged batch when another part of the batch failed or the batch
+    before it did not commit: its staging table goes, nothing reaches the table, and the
+    batch can be written again."""
+    sink = opened(PostgresSink(postgres_server.dsn, table))
+    df = spark.createDataFrame([("a", 1), ("b", 2)], ROWS)
+    pending = sink.write(df, batch(1000))
+    stages = f"SELECT count(*) FROM pg_tables WHERE tablename LIKE '_batchline_stage_{sink._digest()}%'"
+    assert select(postgres_server.dsn, stages) == [(1,)]
+    pending.abandon()
+    assert select(postgres_server.dsn, stages) == [(0,)]
+    assert select(postgres_server.dsn, f"SELECT count(*) FROM {table}") == [(0,)]
+    assert sink.last_commit() == {"table": table, "batch_time": None}
+    written(sink, df, batch(1000))
+    assert select(postgres_server.dsn, f"SELECT key, value FROM {table} ORDER BY key") == [("a", 1), ("b", 2)]

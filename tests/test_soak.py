@@ -6,7 +6,8 @@ It takes about 1.5 hours on 2 cores, so it runs only when asked for: ``pytest -m
 ``soak`` marker is left out of every other selection, see conftest.py).
 ``BATCHLINE_SOAK_BATCHES`` runs fewer batches (at least 2,000). The run is
 ``benchmarks/soak.py`` with the fixed heap the README recommends for a long-running driver; its
-samples stream to the test's output, and the figures are printed at the end.
+samples stream to the test's output (``-s`` shows them as they come), and the figures are
+printed at the end.
 """
 
 import json
@@ -39,6 +40,5 @@ def test_resident_memory_stays_within_ten_percent_of_batch_1000(tmp_path):
         f"{kind} {'+' if percent >= 0 else ''}{percent}%" for kind, percent in growth.items() if percent is not None)
         + f"; at the last batch (KiB): driver {last['driver']}, JVM {last['jvm']}, Python workers "
         f"{last['python_workers']} (batch 1: {first['driver']}, {first['jvm']}, {first['python_workers']})")
-    assert last["batch"] == batches
-    assert growth["driver"] <= BOUND_PERCENT, growth
-    assert growth["python_workers"] <= BOUND_PERCENT, growth
+    assert growth["driver"] is not None and growth["driver"] <= BOUND_PERCENT, growth
+    assert growth["python_workers"] is not None and growth["python_workers"] <= BOUND_PERCENT, growth

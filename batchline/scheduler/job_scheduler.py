@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import enum
 import functools
+import itertools
 import logging
 import threading
 from collections.abc import Callable
@@ -59,22 +60,28 @@ class _Turn:
 
     done: threading.Event = field(default_factory=threading.Event)
     committed: bool = False
+    jobs_run: int = 0
+    """When the jobs of the run that committed finished (the scheduler's count of job runs). A
+    batch whose own jobs finished before that runs them again: its predecessor ran again after
+    it (a failed commit), and outputs see batches in order."""
 
 
 _Failure = tuple[Job, BaseException]
 
 
 class JobScheduler:
-    """Runs job sets, at most ``concurrent_jobs`` batches at a time, in submission order.
+    """Runs job sets, at most ``concurrent_jobs`` batches' jobs at a time, in submission order.
 
     The jobs of one batch run one after another on the same thread, inside a Spark job group
     named after the batch, so an immediate stop can cancel exactly the running batches. When
     one fails, the batch's jobs run again after a backoff on the clock, as ``settings.retry``
-    allows; a stop cuts the wait short. Once they all succeeded, the commits they left
-    (``PendingCommit``, a sink's move of staged rows) run, then ``commit(batch_time)`` commits
-    the batch, on that same thread. With ``overlap_commits`` that commit step no longer holds
-    the batch's slot: the next batch's jobs run meanwhile, and it commits only after this one
-    did. What happens to each batch is told to ``lifecycle``.
+    allows; a stop cuts the wait short. Once they all succeeded and the batch before has
+    committed, the commits they left (``PendingCommit``, a sink's move of staged rows) run,
+    then ``commit(batch_time)`` commits the batch, on that same thread: batches commit in
+    order, and not after a batch before them failed. With ``overlap_commits`` the batch gives
+    its slot to the next batch's jobs for that commit step; when a failed commit makes it run
+    its jobs again, the batches after it run theirs again too, so every output sees the
+    batches in order. What happens to each batch is told to ``lifecycle``.
     """
 
     def __init__(
@@ -102,6 +109,7 @@ class JobScheduler:
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[None]] = {}
         self._last_turn: _Turn | None = None
+        self._job_runs = itertools.count(1)
         self._cancelling = False
         self._stop_waiting = threading.Event()
         """Set on stop: a batch waiting to retry gives up at once."""
@@ -132,40 +140,67 @@ class JobScheduler:
     # ---------------------------------------------------------------- execution
     def _run_job_set(self, job_set: JobSet, previous: _Turn | None, turn: _Turn) -> None:
         try:
-            turn.committed = self._run_and_commit(job_set, previous)
+            self._run_and_commit(job_set, previous, turn)
+        except BaseException as error:  # a bug: report it, or the batches after this one would wait on it silently
+            self.report_error(f"Error running batch {job_set.time}", error)
         finally:
             turn.done.set()
 
-    def _run_and_commit(self, job_set: JobSet, previous: _Turn | None) -> bool:
+    def _run_and_commit(self, job_set: JobSet, previous: _Turn | None, turn: _Turn) -> None:
         """Run the batch's jobs, again after a backoff while the retry policy allows (SPEC H3),
-        then commit it; whether it committed. A batch that fails for good is reported,
-        uncommitted."""
+        then (its turn come) the commits they left and the batch's commit. A batch that fails
+        for good is reported, uncommitted."""
         if self._cancelling:
-            return False
-        spark_context = self._spark.sparkContext
-        spark_context.setJobGroup(
-            self._group_id(job_set.time), f"batchline batch {format_batch_time(job_set.time)}", True
-        )
-        job_set.processing_start_time = self._clock.now_ms()
-        job_set.move_to(BatchState.RUNNING)
-        attempts = 1
-        self._lifecycle.started(job_set, attempts)
-        while True:
-            try:
-                failure, commit_started = self._attempt(job_set, previous)
-            except _NoTurn as no_turn:
-                self._fail(job_set, BatchFailedError(job_set.time, "commit", no_turn, attempts, "the batch's commit"),
-                           attempts, stopped=True)
-                return False
-            if failure is None:
-                break
-            job, cause = failure
-            verdict = self._after_failure(job_set, job, cause, attempts)
-            if verdict is not _Verdict.RETRY:
-                self._fail(job_set, BatchFailedError(job_set.time, job.name, cause, attempts, job.describe()),
-                           attempts, stopped=verdict is _Verdict.STOPPED)
-                return False
-            attempts += 1
+            return
+        self._slots.acquire()
+        holding = True
+        try:
+            if self._cancelling:  # stopped while it waited for a slot
+                return
+            self._spark.sparkContext.setJobGroup(
+                self._group_id(job_set.time), f"batchline batch {format_batch_time(job_set.time)}", True
+            )
+            job_set.processing_start_time = self._clock.now_ms()
+            job_set.move_to(BatchState.RUNNING)
+            attempts = 1
+            self._lifecycle.started(job_set, attempts)
+            while True:
+                if not holding:  # after a failed commit, the jobs run again in a slot
+                    self._slots.acquire()
+                    holding = True
+                failure, pending = self._run_jobs(job_set)
+                if failure is None:
+                    jobs_run = next(self._job_runs)
+                    if self.settings.overlap_commits:
+                        self._slots.release()
+                        holding = False
+                    if not self._wait_for_turn(previous):
+                        _abandon(pending)
+                        self._fail(job_set, BatchFailedError(
+                            job_set.time, "commit", RuntimeError("the batch before it did not commit"), attempts,
+                            "the batch's commit"), attempts, stopped=True)
+                        return
+                    if previous is not None and previous.jobs_run > jobs_run:
+                        if job_set.jobs:
+                            logger.info("Batch %s runs its jobs again, after the batch before it ran its own again",
+                                        _batch(job_set.time))
+                        _abandon(pending)
+                        continue
+                    commit_started = self._clock.now_ms()
+                    failure = _commit_all(pending)
+                    if failure is None:
+                        turn.jobs_run = jobs_run
+                        break
+                job, cause = failure
+                verdict = self._after_failure(job_set, job, cause, attempts)  # a failed job keeps its slot
+                if verdict is not _Verdict.RETRY:
+                    self._fail(job_set, BatchFailedError(job_set.time, job.name, cause, attempts, job.describe()),
+                               attempts, stopped=verdict is _Verdict.STOPPED)
+                    return
+                attempts += 1
+        finally:
+            if holding:
+                self._slots.release()
         job_set.processing_end_time = self._clock.now_ms()
         try:
             # Not retried: the commit marker may already be written, and a fenced driver must stop.
@@ -173,7 +208,8 @@ class JobScheduler:
         except BaseException as cause:
             self._fail(job_set, BatchFailedError(job_set.time, "commit", cause, attempts, "the batch's commit"),
                        attempts, stopped=self._cancelling)
-            return False
+            return
+        turn.committed = True
         job_set.move_to(BatchState.COMPLETED)
         self._lifecycle.finished(job_set, attempts, self._clock.now_ms() - commit_started)
         logger.info(
@@ -182,29 +218,6 @@ class JobScheduler:
             job_set.processing_end_time - job_set.processing_start_time,
             f", {attempts} attempts" if attempts > 1 else "",
         )
-        return True
-
-    def _attempt(self, job_set: JobSet, previous: _Turn | None) -> tuple[_Failure | None, int]:
-        """One run of the batch's jobs, then (its turn come) the commits they left: the first
-        failure or None, and when the commit step started. With ``overlap_commits`` the batch
-        gives its slot up before it waits for its turn."""
-        self._slots.acquire()
-        holding = True
-        try:
-            failure, pending = self._run_jobs(job_set)
-            if failure is not None:
-                return failure, 0
-            if self.settings.overlap_commits:
-                self._slots.release()
-                holding = False
-                if not self._wait_for_turn(previous):
-                    _abandon(pending)
-                    raise _NoTurn("the batch before it did not commit, or the pipeline is stopping")
-            commit_started = self._clock.now_ms()
-            return _commit_all(pending), commit_started
-        finally:
-            if holding:
-                self._slots.release()
 
     def _wait_for_turn(self, previous: _Turn | None) -> bool:
         """Wait until the batch before has stopped running; whether it committed (a stop ends
@@ -214,7 +227,7 @@ class JobScheduler:
         while not previous.done.wait(0.05):
             if self._cancelling:
                 return False
-        return previous.committed
+        return previous.committed and not self._cancelling
 
     def _run_jobs(self, job_set: JobSet) -> tuple[_Failure | None, list[tuple[Job, PendingCommit]]]:
         """Run every job of the batch in order: the first one that fails and why (or None), and
@@ -313,10 +326,6 @@ class JobScheduler:
                 logger.warning("Some batch jobs did not return %.0f s after being cancelled", _CANCEL_GRACE_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return unfinished
-
-
-class _NoTurn(Exception):  # noqa: N818 (read as "the batch got no turn to commit")
-    """A batch's commit step that does not run: the batch before did not commit, or a stop came."""
 
 
 def _commit_all(pending: list[tuple[Job, PendingCommit]]) -> _Failure | None:

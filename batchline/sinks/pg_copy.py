@@ -3,13 +3,17 @@
 Binary COPY (each value in the server's own wire format) when every column's type has an
 encoder here, CSV written by Arrow otherwise. Binary spares both sides the text: formatting
 doubles and timestamps as CSV took a third of a task's Python time, and the server spent
-most of its own parsing them back. The binary rows are assembled with numpy over whole
-columns (a scatter per column, no Python loop per row), except ``numeric``, whose values
-psycopg encodes one by one.
+most of its own parsing them back. Each column becomes two binary columns, every row's
+field length and its bytes (numpy turns fixed-width values big-endian; text is Arrow's own
+bytes), and Arrow joins all of them row by row into the COPY data: no Python loop per row,
+except for ``numeric``, whose values psycopg encodes one by one.
 
 A column's encoder is chosen by the table column's type (``information_schema``'s
 ``data_type``); the Arrow column is cast to it, which ``PostgresSink`` allows only where the
-values fit (a Spark ``int`` into ``bigint``, never the other way).
+values fit (a Spark ``int`` into ``bigint``, never the other way). A value goes in as the
+CSV path would write it: a Spark ``float`` into ``double precision`` by its shortest
+decimal form (0.1, not 0.10000000149011612), a timestamp into a column without time zone as
+its wall time in the Arrow column's zone (Spark's session time zone).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from decimal import Decimal
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 __all__ = ["CopyEncoding", "copy_encoding"]
 
@@ -30,48 +35,60 @@ _TRAILER = struct.pack("!h", -1)
 _UNIX_TO_2000_US = 946_684_800_000_000  # PostgreSQL counts timestamps from 2000-01-01 ...
 _UNIX_TO_2000_DAYS = 10_957  # ... and dates too
 
-# An encoded column: (valid rows or None when all are, then either ("fixed", values as an
-# (n, width) uint8 array) or ("var", offsets of n + 1 into data, data as uint8).
-_Encoded = tuple[np.ndarray | None, str, np.ndarray, np.ndarray | None]
+_Encoded = tuple[pa.Array, pa.Array]
+"""A column as COPY fields: every row's length (4 bytes, -1 for NULL) and its bytes (empty for NULL)."""
 
 
-def _validity(column: pa.Array) -> np.ndarray | None:
-    return None if column.null_count == 0 else np.asarray(column.is_valid().to_numpy(zero_copy_only=False))
+def _binary(values: np.ndarray) -> pa.Array:
+    """Each row of a (rows, width) array of bytes, or each item of a 1-d array, as one binary value."""
+    rows = len(values)
+    width = values.itemsize if values.ndim == 1 else values.shape[1] * values.itemsize
+    data = pa.py_buffer(np.ascontiguousarray(values).tobytes())
+    return pa.FixedSizeBinaryArray.from_buffers(pa.binary(width), rows, [None, data]).cast(pa.large_binary())
 
 
-def _fixed(arrow_type: pa.DataType, wire: str) -> Callable[[pa.Array], _Encoded]:
+def _lengths(column: pa.Array, sizes: np.ndarray | int) -> pa.Array:
+    """The field lengths: ``sizes`` for values, -1 for NULLs."""
+    lengths = np.broadcast_to(np.asarray(sizes, dtype=">i4"), (len(column),))
+    if column.null_count:
+        lengths = np.where(column.is_valid().to_numpy(zero_copy_only=False), lengths, -1)
+    return _binary(lengths.astype(">i4"))
+
+
+def _fixed(arrow_type: pa.DataType, wire: str, to_wire: Callable[[pa.Array], pa.Array] | None = None,
+           shift: int = 0) -> Callable[[pa.Array], _Encoded]:
+    """A fixed-width type: the column cast to ``arrow_type`` (after ``to_wire``), less ``shift``
+    (timestamps and dates count from 2000), as ``wire`` (a big-endian numpy type)."""
     def encode(column: pa.Array) -> _Encoded:
-        values = column.cast(arrow_type)
+        values = (to_wire(column) if to_wire else column).cast(arrow_type)
         if values.null_count:
-            values = values.fill_null(pa.scalar(0, arrow_type) if arrow_type != pa.bool_() else False)
-        array = np.asarray(values.to_numpy(zero_copy_only=False), dtype=wire)
-        return _validity(column), "fixed", array.view(np.uint8).reshape(len(column), array.itemsize), None
+            values = values.fill_null(pa.scalar(False if arrow_type == pa.bool_() else 0, values.type))
+        array = np.asarray(values.to_numpy(zero_copy_only=False))
+        if shift:
+            array = array.astype(np.int64) - shift
+        values_bytes = _binary(array.astype(wire))
+        if column.null_count:  # a NULL's bytes are left out
+            values_bytes = pc.if_else(column.is_valid(), values_bytes, pa.scalar(b"", pa.large_binary()))
+        return _lengths(column, np.dtype(wire).itemsize), values_bytes
     return encode
 
 
-def _shifted(arrow_type: pa.DataType, integer: pa.DataType, wire: str, shift: int) -> Callable[[pa.Array], _Encoded]:
-    """Timestamps and dates: Arrow's count from 1970 moved to PostgreSQL's from 2000."""
-    def encode(column: pa.Array) -> _Encoded:
-        values = column.cast(arrow_type).cast(integer)
-        if values.null_count:
-            values = values.fill_null(0)
-        array = (np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64) - shift).astype(wire)
-        return _validity(column), "fixed", array.view(np.uint8).reshape(len(column), array.itemsize), None
-    return encode
+def _shortest(column: pa.Array) -> pa.Array:
+    """A Spark ``float`` into ``double precision`` through its shortest decimal form, as CSV writes it."""
+    return column.cast(pa.string()).cast(pa.float64()) if pa.types.is_float32(column.type) else column
 
 
 def _timestamp(column: pa.Array) -> _Encoded:
     """An instant: Arrow's UTC count."""
     tz = column.type.tz if pa.types.is_timestamp(column.type) else None
-    return _shifted(pa.timestamp("us", tz), pa.int64(), ">i8", _UNIX_TO_2000_US)(column)
+    return _fixed(pa.int64(), ">i8", lambda c: c.cast(pa.timestamp("us", tz)).cast(pa.int64()),
+                  _UNIX_TO_2000_US)(column)
 
 
 def _wall_time(column: pa.Array) -> _Encoded:
     """A column without time zone: the wall time in the Arrow column's zone (Spark's session
     time zone), as CSV carries it and PostgreSQL keeps it (the offset dropped)."""
     if pa.types.is_timestamp(column.type) and column.type.tz is not None:
-        import pyarrow.compute as pc
-
         column = pc.local_timestamp(column)
     return _timestamp(column)
 
@@ -81,19 +98,12 @@ def _text(prefix: bytes = b"") -> Callable[[pa.Array], _Encoded]:
     def encode(column: pa.Array) -> _Encoded:
         if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
             column = column.cast(pa.string())
-        offset_type = np.int64 if pa.types.is_large_string(column.type) else np.int32
-        _, offsets_buffer, data_buffer = column.buffers()
-        offsets = np.frombuffer(offsets_buffer, dtype=offset_type)[column.offset:column.offset + len(column) + 1]
-        data = np.frombuffer(data_buffer, dtype=np.uint8) if data_buffer is not None else np.empty(0, np.uint8)
-        offsets = offsets.astype(np.int64)
-        if prefix:  # each value moved up by the prefixes before it, its own prefix written before it
-            moved = offsets - offsets[0] + np.arange(len(offsets)) * len(prefix)
-            prefixed = np.empty(int(moved[-1]), dtype=np.uint8)
-            for i, byte in enumerate(prefix):
-                prefixed[moved[:-1] + i] = byte
-            _scatter_var(prefixed, moved[:-1] + len(prefix), offsets, data, None)
-            offsets, data = moved, prefixed
-        return _validity(column), "var", offsets, data
+        values = column.cast(pa.large_binary())
+        if prefix:
+            values = pc.binary_join_element_wise(pa.scalar(prefix, pa.large_binary()), values,
+                                                 pa.scalar(b"", pa.large_binary()))
+        sizes = pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False)
+        return _lengths(column, sizes), values.fill_null(pa.scalar(b"", pa.large_binary()))
     return encode
 
 
@@ -104,11 +114,9 @@ def _numeric(column: pa.Array) -> _Encoded:
     dump = DecimalBinaryDumper(Decimal).dump
     if not pa.types.is_decimal(column.type):  # integers and floats: the digits CSV would carry (-3.0 as -3)
         column = column.cast(pa.string())
-    values = [b"" if v is None else bytes(dump(v if isinstance(v, Decimal) else Decimal(v)) or b"")
-              for v in column.to_pylist()]
-    lengths = np.fromiter((len(v) for v in values), dtype=np.int64, count=len(values))
-    return (_validity(column), "var", np.concatenate([[0], np.cumsum(lengths)]),
-            np.frombuffer(b"".join(values), dtype=np.uint8))
+    values = pa.array([b"" if v is None else bytes(dump(v if isinstance(v, Decimal) else Decimal(v)) or b"")
+                       for v in column.to_pylist()], pa.large_binary())
+    return _lengths(column, pc.binary_length(values).to_numpy(zero_copy_only=False)), values
 
 
 _ENCODERS: dict[str, Callable[[pa.Array], _Encoded]] = {
@@ -116,11 +124,11 @@ _ENCODERS: dict[str, Callable[[pa.Array], _Encoded]] = {
     "integer": _fixed(pa.int32(), ">i4"),
     "bigint": _fixed(pa.int64(), ">i8"),
     "real": _fixed(pa.float32(), ">f4"),
-    "double precision": _fixed(pa.float64(), ">f8"),
+    "double precision": _fixed(pa.float64(), ">f8", _shortest),
     "boolean": _fixed(pa.bool_(), "u1"),
     "timestamp with time zone": _timestamp,
     "timestamp without time zone": _wall_time,
-    "date": _shifted(pa.date32(), pa.int32(), ">i4", _UNIX_TO_2000_DAYS),
+    "date": _fixed(pa.int32(), ">i4", lambda c: c.cast(pa.date32()).cast(pa.int32()), _UNIX_TO_2000_DAYS),
     "text": _text(),
     "character varying": _text(),
     "character": _text(),
@@ -174,47 +182,14 @@ def copy_encoding(column_types: Sequence[str]) -> CopyEncoding:
 
 
 def _binary_rows(encoded: list[_Encoded]) -> bytes:
-    """Each row: its field count, then per field its length (-1: NULL) and its bytes. Every
-    row's length is known from the columns, so each field is scattered to its place at once."""
-    rows = len(encoded[0][2]) - (1 if encoded[0][1] == "var" else 0)
+    """Each row: its field count, then per field its length and its bytes, joined by Arrow."""
+    rows = len(encoded[0][0])
     if rows == 0:
         return b""
-    sizes = []
-    for valid, kind, values, _ in encoded:
-        size = np.full(rows, values.shape[1], np.int64) if kind == "fixed" else np.diff(values)
-        sizes.append(size if valid is None else np.where(valid, size, 0))
-    row_length = 2 + 4 * len(encoded) + np.sum(sizes, axis=0)
-    ends = np.cumsum(row_length)
-    place = ends - row_length
-    out = np.empty(int(ends[-1]), dtype=np.uint8)
-    count = np.array([len(encoded)], dtype=">i2").view(np.uint8)
-    out[place], out[place + 1] = count[0], count[1]
-    place = place + 2
-    for (valid, kind, values, data), size in zip(encoded, sizes, strict=True):
-        length = size if valid is None else np.where(valid, size, -1)
-        out[place[:, None] + np.arange(4)] = length.astype(">i4").view(np.uint8).reshape(rows, 4)
-        place = place + 4
-        if kind == "fixed":
-            width = values.shape[1]
-            if valid is None:
-                out[place[:, None] + np.arange(width)] = values
-            else:
-                out[place[valid][:, None] + np.arange(width)] = values[valid]
-        else:
-            assert data is not None
-            _scatter_var(out, place, values, data, valid)
-        place = place + size
-    return out.tobytes()
-
-
-def _scatter_var(out: np.ndarray, place: np.ndarray, offsets: np.ndarray, data: np.ndarray,
-                 valid: np.ndarray | None) -> None:
-    """Copy each row's bytes ``data[offsets[r]:offsets[r + 1]]`` to ``out[place[r]:]``."""
-    lengths = np.diff(offsets)
-    source = np.arange(offsets[0], offsets[-1])
-    target = source + np.repeat(place - offsets[:-1], lengths)
-    if valid is not None and lengths[~valid].any():  # Arrow lets a NULL slot keep bytes: leave them out
-        keep = np.repeat(valid, lengths)
-        source, target = source[keep], target[keep]
-    out[target] = data[source]
-
+    parts = [_binary(np.full(rows, len(encoded), dtype=">i2"))]
+    for lengths, values in encoded:
+        parts += [lengths, values]
+    joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
+    end = int(np.frombuffer(joined.buffers()[1], dtype=np.int64)[joined.offset + rows])
+    start = int(np.frombuffer(joined.buffers()[1], dtype=np.int64)[joined.offset])
+    return joined.buffers()[2].slice(start, end - start).to_pybytes()

@@ -30,6 +30,7 @@ import dataclasses
 import functools
 import hashlib
 import logging
+import threading
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -113,6 +114,7 @@ class PostgresSink(Sink):
         """The table's columns: name -> (data type, nullable, has a default)."""
         self._checked: StructType | None = None
         self._last_commit: int | None = None
+        self._commit_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresSink({self.where!r}, {self.table!r}, mode={self.mode!r})"
@@ -145,7 +147,7 @@ class PostgresSink(Sink):
 
     def write(self, df: DataFrame, batch: BatchContext) -> PendingCommit | None:
         """Steps 1 and 2; step 3 is the returned commit (the engine takes it once the batch's
-        jobs succeeded, while the next batch's jobs run)."""
+        jobs succeeded; in a pipeline without stateful operators, while the next batch's jobs run)."""
         context = self._context
         if context is None:
             raise SinkError("the PostgreSQL output was not opened; this is a bug in batchline")
@@ -158,9 +160,10 @@ class PostgresSink(Sink):
                     self._committed(time_ms)
                     return None
                 self._check_schema(df.schema)
-                stage = self._create_stage(conn, df.schema)
+                stage, encoding = self._create_stage(conn, df.schema)
             try:
-                copied = batch.map_in_arrow(df, self._copier(stage, df.schema), "part int, rows long")
+                copied = batch.map_in_arrow(df, _partition_copier(self._dsn, stage, df.schema.fieldNames(), encoding),
+                                            "part int, rows long")
                 staged = sum(row["rows"] for row in copied.collect())
             except BaseException:
                 self._drop(stage)
@@ -185,7 +188,8 @@ class PostgresSink(Sink):
         self._committed(int(batch.batch_time))
 
     def _committed(self, time_ms: int) -> None:
-        self._last_commit = max(time_ms, self._last_commit or time_ms)
+        with self._commit_lock:  # a batch's commit and the next batch's skip may come from two threads
+            self._last_commit = max(time_ms, self._last_commit or time_ms)
 
     @contextlib.contextmanager
     def _failures_explained(self, batch: BatchContext) -> Iterator[None]:
@@ -245,7 +249,7 @@ class PostgresSink(Sink):
                        "ON CONFLICT ({}) {}").format(target, columns, keys, columns, source, keys,
                                                      sql.Identifier(_PART), sql.Identifier(_ROW), keys, action)
 
-    def _create_stage(self, conn: Any, schema: StructType) -> str:
+    def _create_stage(self, conn: Any, schema: StructType) -> tuple[str, CopyEncoding]:
         """An unlogged table for this attempt's rows: the stream's columns as the table has
         them, and each row's partition and place in it."""
         from psycopg import sql
@@ -256,8 +260,13 @@ class PostgresSink(Sink):
             sql.Identifier(stage), columns, sql.Identifier(*self.table.split("."))))
         conn.execute(sql.SQL("ALTER TABLE {} ADD COLUMN {} integer NOT NULL, ADD COLUMN {} bigint NOT NULL").format(
             sql.Identifier(stage), sql.Identifier(_PART), sql.Identifier(_ROW)))
+        # The staging table's own column types, as COPY will find them (the table may have been
+        # altered since open()): what the tasks encode for.
+        types = [kind for (kind,) in conn.execute(
+            "SELECT data_type FROM information_schema.columns WHERE table_name = %s AND table_schema = "
+            "current_schema() ORDER BY ordinal_position", (stage,)).fetchall()]
         conn.commit()
-        return stage
+        return stage, copy_encoding(types)
 
     def _drop(self, stage: str) -> None:
         from psycopg import sql
@@ -270,10 +279,6 @@ class PostgresSink(Sink):
             logger.warning("Could not drop staging table %s (%s); the next start drops it", stage,
                            self._scrub(error))
 
-    def _copier(self, stage: str, schema: StructType) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-        # The staging table has the table's column types, then the partition (integer) and row (bigint).
-        types = [self._columns[name][0] for name in schema.fieldNames()]
-        return _partition_copier(self._dsn, stage, schema.fieldNames(), copy_encoding([*types, "integer", "bigint"]))
 
     def _recorded(self, conn: Any, context: SinkContext, time_ms: int) -> Any:
         from psycopg import sql
@@ -433,24 +438,32 @@ a task then skips connecting (and the password exchange), and the server a new b
 
 def _locked_connection(dsn: str, lock: int, part: int) -> Any:
     """A connection with a transaction open that holds the partition's staging lock. A kept
-    connection that the server dropped meanwhile (a restart) fails at this first statement,
-    before anything was read from the task's input, and is replaced by a new one."""
+    connection that fails at this first statement (the server dropped it: a restart) is closed
+    and replaced by a new one; nothing was written on it yet, so taking the lock again is safe."""
     import psycopg
 
     kept = _KEPT.pop(dsn, None)
     if kept is not None and not kept.closed:
         try:
-            kept.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
+            _lock_partition(kept, lock, part)
             return kept
-        except psycopg.OperationalError:
+        except Exception:  # noqa: BLE001 (a new connection is tried; its error is the one raised)
             kept.close()
-    conn = psycopg.connect(dsn, connect_timeout=10)
+    # No prepared statements (a transaction-mode pooler such as PgBouncer would mix them up
+    # between server connections); keepalives, so a kept connection to a vanished host fails
+    # within a minute instead of hanging.
+    conn = psycopg.connect(dsn, connect_timeout=10, prepare_threshold=None, keepalives=1, keepalives_idle=30,
+                           keepalives_interval=10, keepalives_count=3)
     try:
-        conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
+        _lock_partition(conn, lock, part)
     except BaseException:
         conn.close()
         raise
     return conn
+
+
+def _lock_partition(conn: Any, lock: int, part: int) -> None:
+    conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
 
 
 def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:

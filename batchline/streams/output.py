@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 
 from batchline.batch_time import BatchTime
 from batchline.scheduler.job import Job, JobKind, PendingCommit
@@ -11,6 +12,8 @@ from batchline.streams.base import StreamNode, StreamRuntime
 from batchline.streams.sink import NO_FENCING_TOKEN, BatchContext, Sink, SinkContext
 
 __all__ = ["OutputOperation", "pipeline_identity"]
+
+logger = logging.getLogger(__name__)
 
 
 def pipeline_identity(runtime: StreamRuntime) -> str:
@@ -27,6 +30,8 @@ class OutputOperation:
     name: str
     node: StreamNode
     sink: Sink
+    _warned: set[str] = field(default_factory=set, init=False, repr=False, compare=False)
+    """What was logged once: a sink's return value that is not a ``PendingCommit``."""
 
     @property
     def reads_all_rows(self) -> bool:
@@ -57,7 +62,7 @@ class OutputOperation:
             # The token as the job runs: the one this driver's commit marker will carry.
             token = checkpoint.lease.token if checkpoint is not None else None
             try:
-                return sink.write(df, BatchContext(stamp, self.name, pipeline,
+                left = sink.write(df, BatchContext(stamp, self.name, pipeline,
                                                    NO_FENCING_TOKEN if token is None else token,
                                                    functools.partial(runtime.map_in_arrow, batch_time)))
             except Exception as error:
@@ -65,5 +70,13 @@ class OutputOperation:
                 if explained is None:
                     raise
                 raise explained from None
+            if left is None or isinstance(left, PendingCommit):
+                return left
+            if "returned" not in self._warned:
+                self._warned.add("returned")
+                logger.warning("Output %s: %r.write returned %r, which is not a PendingCommit; the engine ignores it "
+                               "(return None when the batch is written by the time write returns)", self.name, sink,
+                               left)
+            return None
 
         return Job(batch_time, self.name, run, JobKind.OUTPUT)
