@@ -81,7 +81,9 @@ class JobScheduler:
     order, and not after a batch before them failed. With ``overlap_commits`` the batch gives
     its slot to the next batch's jobs for that commit step; when a failed commit makes it run
     its jobs again, the batches after it run theirs again too, so every output sees the
-    batches in order. What happens to each batch is told to ``lifecycle``.
+    batches in order. (A sink that commits inside ``write`` may then have written the next
+    batch before this one fails for good; the next start runs both again, in order.) What
+    happens to each batch is told to ``lifecycle``.
     """
 
     def __init__(
