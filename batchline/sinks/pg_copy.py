@@ -149,8 +149,8 @@ class CopyEncoding:
     binary: bool
 
     def __post_init__(self) -> None:
-        if self.binary and not all(kind in _ENCODERS for kind in self.column_types):
-            raise ValueError(f"no binary COPY encoder for {[k for k in self.column_types if k not in _ENCODERS]}")
+        if self.binary and _unencodable(self.column_types):
+            raise ValueError(f"no binary COPY encoder for {_unencodable(self.column_types)}")
 
     @property
     def option(self) -> str:
@@ -178,7 +178,11 @@ class CopyEncoding:
 
 def copy_encoding(column_types: Sequence[str]) -> CopyEncoding:
     """Binary when every type has an encoder, else CSV."""
-    return CopyEncoding(tuple(column_types), all(kind in _ENCODERS for kind in column_types))
+    return CopyEncoding(tuple(column_types), not _unencodable(column_types))
+
+
+def _unencodable(column_types: Sequence[str]) -> list[str]:
+    return [kind for kind in column_types if kind not in _ENCODERS]
 
 
 def _binary_rows(encoded: list[_Encoded]) -> bytes:
@@ -190,6 +194,6 @@ def _binary_rows(encoded: list[_Encoded]) -> bytes:
     for lengths, values in encoded:
         parts += [lengths, values]
     joined = pc.binary_join_element_wise(*parts, pa.scalar(b"", pa.large_binary()))
-    end = int(np.frombuffer(joined.buffers()[1], dtype=np.int64)[joined.offset + rows])
-    start = int(np.frombuffer(joined.buffers()[1], dtype=np.int64)[joined.offset])
-    return joined.buffers()[2].slice(start, end - start).to_pybytes()
+    _, offsets, data = joined.buffers()
+    start, end = np.frombuffer(offsets, dtype=np.int64)[[joined.offset, joined.offset + rows]]
+    return data.slice(int(start), int(end - start)).to_pybytes()
