@@ -2,9 +2,16 @@
 lease is given up, named in the log, left uncommitted, and run by the next start."""
 
 import logging
+import threading
 import time
 
 from batchline import StreamingContext
+from batchline.clock import SystemClock
+from batchline.scheduler.input_info import InputInfoTracker
+from batchline.scheduler.job import JobSet
+from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
+from batchline.scheduler.lifecycle import BatchLifecycle
+from batchline.scheduler.listener import ListenerBus
 from batchline.scheduler.retry import RetryPolicy
 from batchline.testing import BatchRecorder
 from tests.helpers import LogWatcher
@@ -45,3 +52,29 @@ def test_a_timed_out_graceful_stop_cancels_the_running_batch_before_releasing_th
         assert info.failure is None
     finally:
         again.stop()
+
+
+class _SlowToTell(BatchLifecycle):
+    """Tells of a finished batch slowly, as an event store on S3 does: the batch has committed
+    while its thread still runs."""
+
+    def __init__(self, committed: threading.Event) -> None:
+        super().__init__(ListenerBus(), SystemClock(), InputInfoTracker(), 200)
+        self._committed = committed
+
+    def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0, cancelled: bool = False) -> None:
+        self._committed.set()
+        time.sleep(0.5)
+        super().finished(job_set, attempts, commit_ms, cancelled)
+
+
+def test_a_committed_batch_still_telling_its_listeners_is_not_named_unfinished(spark):
+    committed = threading.Event()
+    lifecycle = _SlowToTell(committed)
+    scheduler = JobScheduler(SchedulerSettings(200, 1, 5000, "batchline-test-slow-tell"), spark, SystemClock(),
+                             lifecycle, on_error=lambda error: None, commit=lambda batch_time: None)
+    scheduler.submit_job_set(JobSet(1000, [], {}, submission_time=0))
+    assert committed.wait(30)
+    # The generator saw the batch committed, so a graceful stop asks which batches are left.
+    assert scheduler.shutdown(graceful=True) == []
+    assert [p.batch_time for p in lifecycle.recent_progress] == [1000]  # told before the stop returned

@@ -110,6 +110,9 @@ class JobScheduler:
         """Held while a batch runs its jobs: at most ``concurrent_jobs`` batches do at once."""
         self._lock = threading.Lock()
         self._futures: dict[int, concurrent.futures.Future[None]] = {}
+        self._committed: set[int] = set()
+        """Batches committed whose thread has not returned yet (it still tells the listeners): a
+        stop does not count them as unfinished."""
         self._last_turn: _Turn | None = None
         self._job_runs = itertools.count(1)
         self._cancelling = False
@@ -211,6 +214,8 @@ class JobScheduler:
             self._fail(job_set, BatchFailedError(job_set.time, "commit", cause, attempts, "the batch's commit"),
                        attempts, stopped=self._cancelling)
             return
+        with self._lock:
+            self._committed.add(job_set.time)
         turn.committed = True
         job_set.move_to(BatchState.COMPLETED)
         self._lifecycle.finished(job_set, attempts, self._clock.now_ms() - commit_started)
@@ -289,6 +294,7 @@ class JobScheduler:
     def _forget_future(self, batch_time: int, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
             self._futures.pop(batch_time, None)
+            self._committed.discard(batch_time)
 
     # ---------------------------------------------------------------- stopping
     def wait_for_running_jobs(self, timeout_s: float) -> bool:
@@ -317,7 +323,9 @@ class JobScheduler:
         retry gives up the same way. Returns the batches that were not finished."""
         self._stop_waiting.set()
         with self._lock:
-            unfinished = sorted(t for t, future in self._futures.items() if not future.done())
+            running = [future for future in self._futures.values() if not future.done()]
+            unfinished = sorted(t for t, future in self._futures.items()
+                                if not future.done() and t not in self._committed)
         if graceful and unfinished:
             logger.warning("The graceful stop timed out with %d batches not finished (%s); cancelling them. They "
                            "were not committed, so the next start runs them", len(unfinished),
@@ -326,6 +334,8 @@ class JobScheduler:
             self.cancel_all()
             if not self.wait_for_running_jobs(_CANCEL_GRACE_S):
                 logger.warning("Some batch jobs did not return %.0f s after being cancelled", _CANCEL_GRACE_S)
+        else:  # committed, still telling the listeners: let them finish before the lease is given up
+            concurrent.futures.wait(running, timeout=_CANCEL_GRACE_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
         return unfinished
 
