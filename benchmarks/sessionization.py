@@ -47,6 +47,7 @@ from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.sources.generator import USER_EVENT_SCHEMA
 from batchline.spark import local_spark_session
 from batchline.state import GroupStateTimeout
+from batchline.state.entries import KEY_PREFIX, STATE_PREFIX
 from batchline.state.execution import load_partition
 from batchline.state.schema import RowSchema
 from batchline.state.store import StateFiles
@@ -267,7 +268,8 @@ def _rss_bytes() -> int:
 
 
 def memory_per_key(checkpoint: Path, operator: str, state_schema: Any) -> dict[str, float]:
-    """Load an operator's whole state as a worker holds it; RSS growth and disk bytes per key."""
+    """Load an operator's whole state as a worker holds it: RSS growth per key, against the
+    bytes the key and state fields take in Arrow (the goal: within 1.5x), and disk bytes per key."""
     files = StateFiles(CheckpointStorage(str(checkpoint)), operator)
     metadata = files.read_metadata()
     assert metadata is not None
@@ -276,13 +278,20 @@ def memory_per_key(checkpoint: Path, operator: str, state_schema: Any) -> dict[s
     before = _rss_bytes()
     held = []
     for p in range(metadata.num_partitions):
-        data, _ = load_partition(files, schema, True, metadata.generation, p, None, below=2**62)
+        data = load_partition(files, schema, True, metadata.generation, p, None, below=2**62)
         held.append(data)
     gc.collect()
     grown = _rss_bytes() - before
     keys = sum(len(d.entries) for d in held)
+    fields = 0
+    for data in held:
+        if len(data.entries):
+            table = data.entries.table()
+            fields += sum(table.column(n).nbytes for n in table.column_names
+                          if n.startswith((KEY_PREFIX, STATE_PREFIX)))
     disk = sum(f.stat().st_size for f in (checkpoint / "state" / operator).rglob("*.snapshot.arrow"))
     return {"keys": keys, "memory_bytes_per_key": round(grown / keys, 1),
+            "arrow_field_bytes_per_key": round(fields / keys, 1), "memory_vs_arrow": round(grown / fields, 2),
             "snapshot_bytes_per_key": round(disk / keys, 1) if disk else None}
 
 

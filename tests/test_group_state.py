@@ -1,7 +1,6 @@
 """GroupState semantics (SPEC D1) and the index of timeouts (SPEC D2)."""
 
 import datetime as dt
-import random
 from dataclasses import dataclass
 
 import pytest
@@ -14,7 +13,6 @@ from batchline.state.group_state import (
     NoStateError,
     TimeoutNotEnabledError,
 )
-from batchline.state.timeouts import TimeoutIndex
 
 
 @dataclass(frozen=True)
@@ -118,42 +116,3 @@ def test_a_timed_out_key_sees_its_state_and_removing_it_keeps_a_timeout_set_in_t
     s.set_timeout_duration("1s")
     s.remove()
     assert not s.exists and s.removed and s.timeout_timestamp_ms == 1_001_000
-
-
-def test_the_timeout_index_pops_due_keys_earliest_first():
-    index = TimeoutIndex()
-    index.set("a", 300)
-    index.set("b", 100)
-    index.set("c", 200)
-    index.set("a", 50)  # moved earlier
-    index.remove("c")
-    assert index.next_deadline() == 50
-    assert index.pop_due(150) == [("a", 50), ("b", 100)]
-    assert index.pop_due(10_000) == []
-    assert len(index) == 0 and index.next_deadline() is None
-
-
-def test_the_timeout_index_agrees_with_a_full_scan_under_random_operations():
-    rng = random.Random(7)
-    index, truth = TimeoutIndex(), {}
-    now = 0
-    for _ in range(20_000):
-        op = rng.random()
-        key = rng.randrange(500)
-        if op < 0.5:
-            deadline = now + rng.randrange(1, 1000)
-            index.set(key, deadline)
-            truth[key] = deadline
-        elif op < 0.7:
-            index.remove(key)
-            truth.pop(key, None)
-        else:
-            now += rng.randrange(0, 200)
-            expected = sorted(((k, d) for k, d in truth.items() if d <= now), key=lambda kd: kd[1])
-            got = index.pop_due(now)
-            assert sorted(got, key=lambda kd: (kd[1], kd[0])) == sorted(expected, key=lambda kd: (kd[1], kd[0]))
-            assert [d for _, d in got] == sorted(d for _, d in got)
-            for k, _ in expected:
-                del truth[k]
-        assert len(index) == len(truth)
-    assert len(index._heap) <= 2 * len(truth) + 64 + 1  # stale entries stay bounded

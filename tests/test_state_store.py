@@ -68,7 +68,7 @@ def write(store, version, kind, *entries, partition=0, initial=False):
 
 
 def load(store, version, **kwargs):
-    data, _ = load_partition(store, STATE, True, 0, 0, version, **kwargs)
+    data = load_partition(store, STATE, True, 0, 0, version, **kwargs)
     return {k: (Count(*v), t) for k, (v, t) in data.entries.items()}
 
 
@@ -147,10 +147,10 @@ def test_plan_load_catches_a_held_version_up_with_deltas_only(store):
     assert store.plan_load(0, 0, 3, since=1) == (3, [(2, DELTA), (3, DELTA)])
     assert store.plan_load(0, 0, 3, since=3) == (3, [])
 
-    held, _ = load_partition(store, STATE, True, 0, 0, 1)
-    caught_up, changed = load_partition(store, STATE, True, 0, 0, 3, held=held)
-    assert caught_up is held and caught_up.version == 3 and sorted(changed) == ["a", "b"]
-    assert caught_up.entries == {"b": ((1, 1), 9000)}
+    held = load_partition(store, STATE, True, 0, 0, 1)
+    caught_up = load_partition(store, STATE, True, 0, 0, 3, held=held)
+    assert caught_up is held and caught_up.version == 3
+    assert dict(caught_up.entries.items()) == {"b": ((1, 1), 9000)}
 
 
 def test_a_version_that_is_not_there_says_what_is(store):

@@ -17,6 +17,7 @@ A failure of the state function leaves as one ``TaskErrorPayload``, built in ``_
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import threading
 import traceback
@@ -45,6 +46,7 @@ from batchline.state.contract import (
     TaskFailure,
     batch_params_from_property,
 )
+from batchline.state.entries import StateEntries
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
@@ -54,10 +56,9 @@ from batchline.state.store import (
     FileHeader,
     PartitionData,
     StateStore,
-    apply_table,
+    apply_tables,
     entries_table,
 )
-from batchline.state.timeouts import TimeoutIndex
 
 __all__ = ["PartitionCache", "StateFunctionError", "Stats", "load_partition", "run_partition", "spark_task"]
 
@@ -72,7 +73,6 @@ MAX_CACHED_PARTITIONS = 512
 class _Cached:
     token: int
     data: PartitionData
-    index: TimeoutIndex[Any]
     bytes_per_key: float = 0.0
     """The mean Arrow size of a row of the partition's latest non-empty delta: what a key's
     state is estimated to weigh (progress records' ``state_bytes``)."""
@@ -137,40 +137,38 @@ def spark_task(spec: OperatorSpec, batch_time: int,
 
 def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
                    version: int | None, below: int | None = None,
-                   held: PartitionData | None = None) -> tuple[PartitionData, list[Any] | None]:
+                   held: PartitionData | None = None) -> PartitionData:
     """A partition's state at ``version`` (or the newest below ``below``); catches ``held`` up
-    with deltas when it can. Returns the data and, after a catch-up, the keys it changed."""
+    with deltas when it can."""
     target, steps = files.plan_load(generation, partition, version, below,
                                     since=held.version if held is not None else None)
     what = files.describe_partition(partition)
     if held is not None and steps and steps[0][1] == DELTA and held.version is not None:
-        changed: list[Any] = []
-        for v, kind in steps:
-            changed += apply_table(held.entries, files.read_version(generation, partition, v, kind).table,
-                                   spec_state, single_key, what)
+        apply_tables(held.entries, (files.read_version(generation, partition, v, kind).table for v, kind in steps),
+                     spec_state, single_key, what)
         held.version = target
         held.deltas_since_snapshot += len(steps)
         held.initial_keys = frozenset()
-        return held, changed
+        return held
     if held is not None and not steps and held.version == target:
-        return held, []
-    entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]] = {}
-    initial: frozenset[Any] = frozenset()
-    for v, kind in steps:
-        found = files.read_version(generation, partition, v, kind)
-        apply_table(entries, found.table, spec_state, single_key, what)
-        if found.header.initial:
-            initial = frozenset(entries)
+        return held
+    entries = StateEntries(single_key)
+    initial = False
+
+    def tables() -> Iterator[pa.Table]:
+        nonlocal initial
+        for index, (v, kind) in enumerate(steps):
+            found = files.read_version(generation, partition, v, kind)
+            initial = initial or (index == 0 and found.header.initial)
+            yield found.table
+
+    apply_tables(entries, tables(), spec_state, single_key, what, into_base=True)
+    entries.compact()
+    # Loading builds and drops copies of the partition: give their memory back now.
+    pa.default_memory_pool().release_unused()
     deltas = sum(1 for _, kind in steps if kind == DELTA)
-    return PartitionData(target, entries, deltas, initial if deltas == 0 else frozenset()), None
-
-
-def _index_of(entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]]) -> TimeoutIndex[Any]:
-    index: TimeoutIndex[Any] = TimeoutIndex()
-    for key, (_, timeout) in entries.items():
-        if timeout is not None:
-            index.set(key, timeout)
-    return index
+    initial_keys = frozenset(key for key, _ in entries.items()) if deltas == 0 and initial else frozenset()
+    return PartitionData(target, entries, deltas, initial_keys)
 
 
 def _cache_key(spec: OperatorSpec, partition: int) -> _CacheKey:
@@ -186,23 +184,14 @@ def _cached_partition(spec: OperatorSpec, params: BatchParams, partition: int, c
     if cached is not None and version is not None and cached.data.version == version:
         return cached
     if version is None:
-        data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition, None,
-                                       below=params.batch_time)
-        cached = None
-    else:
-        held = cached.data if cached is not None and (cached.data.version or 0) < version else None
-        data, changed = load_partition(store, spec.state, spec.single_key, spec.generation, partition, version,
-                                       held=held)
-    if changed is not None and cached is not None:
-        for key in changed:
-            entry = data.entries.get(key)
-            if entry is None or entry[1] is None:
-                cached.index.remove(key)
-            else:
-                cached.index.set(key, entry[1])
-        cached.data = data
+        data = load_partition(store, spec.state, spec.single_key, spec.generation, partition, None,
+                              below=params.batch_time)
+        return _Cached(params.token, data)
+    held = cached.data if cached is not None and (cached.data.version or 0) < version else None
+    data = load_partition(store, spec.state, spec.single_key, spec.generation, partition, version, held=held)
+    if cached is not None and data is cached.data:
         return cached
-    return _Cached(params.token, data, _index_of(data.entries))
+    return _Cached(params.token, data)
 
 
 def _write_snapshot(spec: OperatorSpec, partition: int, data: PartitionData, background: bool) -> None:
@@ -210,13 +199,13 @@ def _write_snapshot(spec: OperatorSpec, partition: int, data: PartitionData, bac
     (off the task's path), unless told otherwise."""
     version = data.version
     assert version is not None
-    frozen = dict(data.entries)  # values are immutable tuples: a shallow copy is a consistent view
+    # An Arrow table is immutable: it stays this version's view while later batches change the keys.
+    frozen = data.entries.table() if len(data.entries) else entries_table(spec.key_schema, spec.state, iter(()),
+                                                                         spec.single_key)
 
     def write() -> None:
         try:
-            rows = ((k, v, t) for k, (v, t) in frozen.items())
-            spec.store.write_version(spec.generation, FileHeader(version, partition, SNAPSHOT),
-                                     entries_table(spec.key_schema, spec.state, rows, spec.single_key))
+            spec.store.write_version(spec.generation, FileHeader(version, partition, SNAPSHOT), frozen)
         except Exception:
             logger.exception("Snapshot of operator %s partition %d at %d failed; deltas remain",
                              spec.operator, partition, version)
@@ -337,7 +326,7 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
     if (version is not None and cached.data.version == version
             and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
         _write_snapshot(spec, partition, cached.data, background_snapshots)
-    _apply_delta(cached, delta)
+    cached.data.entries.update(delta, delta_table.schema)
     cached.data.version = params.batch_time
     cached.data.deltas_since_snapshot += 1
     cached.data.initial_keys = frozenset()
@@ -345,9 +334,9 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
     stats.state_bytes = int(stats.state_keys * cached.bytes_per_key)
     stats.output_rows = len(outputs)
     stats.partitions = 1 << partition
-    stats.timers = (1 << partition) if len(cached.index) else 0
-    stats.partitions_after = {partition: PartitionFacts(stats.state_keys, stats.state_bytes,
-                                                        cached.index.next_deadline())}
+    next_deadline = cached.data.entries.next_deadline()
+    stats.timers = (1 << partition) if next_deadline is not None else 0
+    stats.partitions_after = {partition: PartitionFacts(stats.state_keys, stats.state_bytes, next_deadline)}
     result = _output_batch(spec, params, outputs)
     _record_finish(spec, params, partition, stats, result)
     report(stats)
@@ -395,12 +384,19 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
                    stats: Stats) -> tuple[list[tuple[tuple[Any, ...], Any]], _Delta]:
     """Call the function for keys with data, then initial-state keys, then due keys. The
     cached entries stay untouched: changes are collected in the returned delta."""
-    entries = cached.data.entries
+    timeout = spec.timeout
+    batch_time = params.batch_time
+    threshold = (None if timeout is GroupStateTimeout.NO_TIMEOUT
+                 else END_OF_TIME_MS if params.end_of_input
+                 else batch_time if timeout is GroupStateTimeout.PROCESSING_TIME else params.watermark_ms)
+    # Strictly before the threshold, as in Spark.
+    due = cached.data.entries.due(threshold - 1) if threshold is not None else []
+    initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
+    # Every key the batch calls, looked up at once.
+    entries = cached.data.entries.get_many(itertools.chain(groups, initial, (key for key, _ in due)))
     outputs: list[tuple[tuple[Any, ...], Any]] = []
     delta: _Delta = {}
-    timeout = spec.timeout
     make, unmake = spec.state.make, spec.output.unmake
-    batch_time = params.batch_time
     where = f"the state function of operator {spec.operator!r}"
 
     # Spark's GroupState reads 0 until the first event time was seen; None: no watermark at all.
@@ -443,21 +439,12 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
 
     for key, rows in groups.items():
         call(key, rows, False)
-    for key in sorted(cached.data.initial_keys, key=repr):  # a frozenset: sorted, the same in every process
-        if key not in groups:
-            call(key, [], False)
-    threshold = (None if timeout is GroupStateTimeout.NO_TIMEOUT
-                 else END_OF_TIME_MS if params.end_of_input
-                 else batch_time if timeout is GroupStateTimeout.PROCESSING_TIME else params.watermark_ms)
-    if threshold is not None:
-        # Strictly before the threshold, as in Spark. Popping changes the cached index, which
-        # is safe: a task that fails drops its partition from the cache.
-        for key, deadline in cached.index.pop_due(threshold - 1):
-            if key not in groups and key not in delta:
-                stats.timed_out += 1
-                call(key, [], True)
-            elif key not in delta:
-                cached.index.set(key, deadline)  # called with data and left its deadline as it was
+    for key in initial:  # a frozenset, sorted: the same order in every process
+        call(key, [], False)
+    for key, _ in due:
+        if key not in groups and key not in delta:
+            stats.timed_out += 1
+            call(key, [], True)
     return outputs, delta
 
 
@@ -481,20 +468,6 @@ def _delta_table(spec: OperatorSpec, params: BatchParams, delta: _Delta) -> pa.T
         raise _failure(spec, params, ErrorKind.STATE_ENCODING, _NO_KEY,
                        f"cannot encode the state of operator {spec.operator!r} in batch {params.batch_time}; "
                        "check the key columns' types against the stored key schema:") from None
-
-
-def _apply_delta(cached: _Cached, delta: _Delta) -> None:
-    entries, index = cached.data.entries, cached.index
-    for key, (value, deadline) in delta.items():
-        if value is None and deadline is None:
-            entries.pop(key, None)
-            index.remove(key)
-        else:
-            entries[key] = (value, deadline)
-            if deadline is None:
-                index.remove(key)
-            else:
-                index.set(key, deadline)
 
 
 def _output_batch(spec: OperatorSpec, params: BatchParams,

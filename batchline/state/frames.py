@@ -92,7 +92,7 @@ def read_state_frame(spark: SparkSession, store: StateStore, metadata: StateMeta
         for batch in batches:
             for partition in batch.column(0).to_pylist():
                 # The newest version at or below: a partition that sat batches out wrote none for them.
-                data, _ = load_partition(store, state, single_key, generation, partition, None, below=version + 1)
+                data = load_partition(store, state, single_key, generation, partition, None, below=version + 1)
                 # Keys with state; a timeout kept without state (after remove()) is no state to read.
                 held = [(k, v, t) for k, (v, t) in data.entries.items() if v is not None]
                 keys = [k for k, _, _ in held]

@@ -40,7 +40,7 @@ import json
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -51,6 +51,7 @@ from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.errors import BatchlineError
+from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX, TIMEOUT_COL, StateEntries, rows_table
 from batchline.state.schema import RowSchema, as_python
 
 __all__ = [
@@ -68,7 +69,7 @@ __all__ = [
     "StateStoreError",
     "StateVersionError",
     "VersionFile",
-    "apply_table",
+    "apply_tables",
     "entries_table",
 ]
 
@@ -80,8 +81,6 @@ DELTA, SNAPSHOT, OUTPUT = "delta", "snapshot", "output"
 KINDS = (DELTA, SNAPSHOT, OUTPUT)
 """A version's files: the keys the batch changed, every key, and the rows the batch output
 (kept so that a restart reads a finished partition's output back instead of recomputing it)."""
-KEY_PREFIX, STATE_PREFIX = "key.", "state."
-TIMEOUT_COL, REMOVED_COL = "__timeout_ms", "__removed"
 HEADER_KEY = b"batchline"
 HEADER_FORMAT = 1
 
@@ -176,7 +175,7 @@ class PartitionData:
     may hold a timeout and no state (None), as Spark keeps a timeout set after ``remove()``."""
 
     version: int | None
-    entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]]
+    entries: StateEntries
     deltas_since_snapshot: int = 0
     initial_keys: frozenset[Any] = frozenset()
     """Keys loaded from an initial state and not yet seen by the function (SPEC D8)."""
@@ -490,37 +489,19 @@ class MemoryStateStore(StateStore):
 
 
 # -------------------------------------------------------------------- Arrow codec
+def entries_schema(key_schema: StructType, state: RowSchema) -> pa.Schema:
+    """The layout of a delta or snapshot table: key columns, state columns, timeout, removed."""
+    key_arrow = to_arrow_schema(key_schema, timezone="UTC")
+    return pa.schema([*(f.with_name(KEY_PREFIX + f.name) for f in key_arrow),
+                      *(f.with_name(STATE_PREFIX + f.name) for f in state.arrow),
+                      pa.field(TIMEOUT_COL, pa.int64()), pa.field(REMOVED_COL, pa.bool_())])
+
+
 def entries_table(key_schema: StructType, state: RowSchema,
                   rows: Iterator[tuple[Any, tuple[Any, ...] | None, int | None]], single_key: bool) -> pa.Table:
     """A delta or snapshot table from (key, state tuple or None for no state, timeout): a row
     without state is marked removed, and keeps its timeout if it has one."""
-    keys: list[Any] = []
-    states: list[tuple[Any, ...] | None] = []
-    timeouts: list[int | None] = []
-    for key, value, timeout in rows:
-        keys.append(key)
-        states.append(value)
-        timeouts.append(timeout)
-    key_arrow = to_arrow_schema(key_schema, timezone="UTC")
-    state_arrow = state.arrow
-    columns: list[pa.Array] = []
-    names: list[str] = []
-    key_columns = [keys] if single_key else (list(map(list, zip(*keys, strict=True))) if keys else
-                                             [[] for _ in key_schema.fields])
-    for field, values in zip(key_arrow, key_columns, strict=True):
-        columns.append(pa.array(values, type=field.type))
-        names.append(KEY_PREFIX + field.name)
-    width = len(state_arrow)
-    filled = [s if s is not None else (None,) * width for s in states]
-    state_columns = list(map(list, zip(*filled, strict=True))) if filled else [[] for _ in range(width)]
-    for field, values in zip(state_arrow, state_columns, strict=True):
-        columns.append(pa.array(values, type=field.type))
-        names.append(STATE_PREFIX + field.name)
-    columns.append(pa.array(timeouts, type=pa.int64()))
-    names.append(TIMEOUT_COL)
-    columns.append(pa.array([s is None for s in states], type=pa.bool_()))
-    names.append(REMOVED_COL)
-    return pa.Table.from_arrays(columns, names=names)
+    return rows_table(entries_schema(key_schema, state), rows, single_key)
 
 
 def stored_state_schema(table: pa.Table) -> StructType:
@@ -529,24 +510,36 @@ def stored_state_schema(table: pa.Table) -> StructType:
     return schema
 
 
-def apply_table(entries: dict[Any, tuple[tuple[Any, ...] | None, int | None]], table: pa.Table, state: RowSchema,
-                single_key: bool, what: str) -> list[Any]:
-    """Apply a delta or snapshot to ``entries`` (a snapshot to an empty dict); returns the keys.
-    A removed row with a timeout is a key that keeps its timeout without state."""
-    if table.num_rows == 0:
-        return []
-    key_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
-    keys = key_columns[0] if single_key else list(zip(*key_columns, strict=True))
-    reader = state.reader_for(stored_state_schema(table), what)
-    state_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(STATE_PREFIX)]
-    values = reader(state_columns)
-    timeouts = table.column(TIMEOUT_COL).to_pylist()
-    removed = table.column(REMOVED_COL).to_pylist()
-    for key, value, timeout, gone in zip(keys, values, timeouts, removed, strict=True):
-        if gone and timeout is None:
-            entries.pop(key, None)
-        elif gone:
-            entries[key] = (None, timeout)
-        else:
-            entries[key] = (value, timeout)
-    return keys
+def apply_tables(entries: StateEntries, tables: Iterable[pa.Table], state: RowSchema, single_key: bool,
+                 what: str, into_base: bool = False) -> None:
+    """Apply deltas (after a snapshot, if any) read from the files to ``entries``, oldest
+    first; ``into_base``: merged into the entries' Arrow base whatever their size (a whole
+    load). State written under an earlier schema is read into the current one (SPEC D5). A
+    removed row with a timeout is a key that keeps its timeout without state."""
+    run: list[pa.Table] = []
+    for table in tables:
+        if table.num_rows == 0:
+            continue
+        stored = stored_state_schema(table)
+        reader = state.reader_for(stored, what)
+        if stored.simpleString() == state.struct.simpleString():
+            if entries.blank:
+                entries.merge([table])  # the base, as it was read (not held beside the deltas)
+            else:
+                run.append(table)  # merged as Arrow, a run at a time
+            continue
+        entries.merge(run, into_base)
+        run = []
+        # Written under an earlier schema: read into the current one in Python (a later delta
+        # of the same load may still replace these values).
+        key_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
+        keys = key_columns[0] if single_key else list(zip(*key_columns, strict=True))
+        values = reader([as_python(table.column(n)) for n in table.column_names if n.startswith(STATE_PREFIX)])
+        timeouts = table.column(TIMEOUT_COL).to_pylist()
+        removed = table.column(REMOVED_COL).to_pylist()
+        layout = pa.schema([*(f for f in table.schema if f.name.startswith(KEY_PREFIX)),
+                            *(f.with_name(STATE_PREFIX + f.name) for f in state.arrow),
+                            pa.field(TIMEOUT_COL, pa.int64()), pa.field(REMOVED_COL, pa.bool_())])
+        entries.update({key: None if gone and timeout is None else (None if gone else value, timeout)
+                        for key, value, timeout, gone in zip(keys, values, timeouts, removed, strict=True)}, layout)
+    entries.merge(run, into_base)

@@ -45,6 +45,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.contract import BatchParams, OperatorSpec, Stats, TaskFailure, error_from_task
+from batchline.state.entries import StateEntries
 from batchline.state.execution import PartitionCache, load_partition, run_partition
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
@@ -272,9 +273,8 @@ class StateFunctionTester:
     def _load(self) -> PartitionData:
         spec = self._spec
         if spec is None or self._version is None:
-            return PartitionData(None, {})
-        data, _ = load_partition(self.store, spec.state, spec.single_key, _GENERATION, _PARTITION, self._version)
-        return data
+            return PartitionData(None, StateEntries(spec is None or spec.single_key))
+        return load_partition(self.store, spec.state, spec.single_key, _GENERATION, _PARTITION, self._version)
 
     def keys(self) -> list[Any]:
         """The keys that have state, in the order the store holds them."""
@@ -301,7 +301,7 @@ class StateFunctionTester:
         """Rewrite the state the next batch builds on as a snapshot with ``changes`` applied."""
         spec = self._spec_for_keys(changes)
         data = self._load()
-        entries = dict(data.entries)
+        entries = dict(data.entries.items())
         for key, (value, timeout_ms) in changes.items():
             if value is None:
                 if timeout_ms is None:
