@@ -47,7 +47,7 @@ from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.sources.generator import USER_EVENT_SCHEMA
 from batchline.spark import local_spark_session
 from batchline.state import GroupStateTimeout
-from batchline.state.entries import KEY_PREFIX, STATE_PREFIX
+from batchline.state.entries import KEY_PREFIX, STATE_PREFIX, give_memory_back
 from batchline.state.execution import load_partition
 from batchline.state.schema import RowSchema
 from batchline.state.store import StateFiles
@@ -275,6 +275,7 @@ def memory_per_key(checkpoint: Path, operator: str, state_schema: Any) -> dict[s
     assert metadata is not None
     schema = RowSchema.of(state_schema)
     gc.collect()
+    give_memory_back()  # as loading does at its end: the baseline without freed memory held
     before = _rss_bytes()
     held = []
     for p in range(metadata.num_partitions):

@@ -15,7 +15,10 @@ state, as Spark keeps a timeout set after ``remove()``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import ctypes
+import ctypes.util
+import functools
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -24,7 +27,8 @@ import pyarrow.compute as pc
 
 from batchline.state.schema import as_python
 
-__all__ = ["Entry", "StateEntries", "KEY_PREFIX", "STATE_PREFIX", "TIMEOUT_COL", "REMOVED_COL", "rows_table"]
+__all__ = ["Entry", "StateEntries", "KEY_PREFIX", "STATE_PREFIX", "TIMEOUT_COL", "REMOVED_COL", "as_entries",
+           "give_memory_back", "layout_of", "rows_table"]
 
 KEY_PREFIX, STATE_PREFIX = "key.", "state."
 TIMEOUT_COL, REMOVED_COL = "__timeout_ms", "__removed"
@@ -38,6 +42,40 @@ _RECENT_SHARE = 32
 least ``_MIN_RECENT``): its Python objects then weigh a few bytes per key of the partition,
 and a merge (a copy of the partition) comes every 32nd-of-the-partition changed keys."""
 _INTEGER_KEY = (pa.int8(), pa.int16(), pa.int32(), pa.int64(), pa.uint8(), pa.uint16(), pa.uint32())
+_INT64 = np.iinfo(np.int64)
+
+
+def give_memory_back() -> None:
+    """Return the memory freed after building a partition to the system: Arrow's pool keeps
+    freed blocks, and glibc keeps the heap that numpy's large temporaries came from. Without
+    this a worker's resident size stays at the peak of its last load."""
+    pa.default_memory_pool().release_unused()
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Callable[[int], int] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+    except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
+        return None
+
+
+def layout_of(key_fields: Iterable[pa.Field], state: pa.Schema) -> pa.Schema:
+    """The state files' layout: the key columns, the state columns, timeout, removed."""
+    return pa.schema([*key_fields, *(f.with_name(STATE_PREFIX + f.name) for f in state),
+                      pa.field(TIMEOUT_COL, pa.int64()), pa.field(REMOVED_COL, pa.bool_())])
+
+
+def as_entries(keys: list[Any], values: Iterable[tuple[Any, ...]], table: pa.Table) -> dict[Any, Entry | None]:
+    """The rows of a table in the files' layout as changes: an entry, or None (removed, no timeout)."""
+    timeouts = table.column(TIMEOUT_COL).to_pylist()
+    removed = table.column(REMOVED_COL).to_pylist()
+    return {key: None if gone and timeout is None else (None if gone else value, timeout)
+            for key, value, timeout, gone in zip(keys, values, timeouts, removed, strict=True)}
 
 
 def rows_table(schema: pa.Schema, rows: Iterable[tuple[Any, tuple[Any, ...] | None, int | None]],
@@ -68,10 +106,10 @@ def rows_table(schema: pa.Schema, rows: Iterable[tuple[Any, tuple[Any, ...] | No
 class StateEntries:
     """key -> ``Entry`` for one partition: ``get``, ``get_many``, ``update``, ``due``, ``len``."""
 
-    def __init__(self, single_key: bool, schema: pa.Schema | None = None) -> None:
+    def __init__(self, single_key: bool) -> None:
         self._single_key = single_key
-        self._schema = schema
-        """The files' layout; learnt from the first table when not given."""
+        self._schema: pa.Schema | None = None
+        """The files' layout, learnt from the first table or change."""
         self._base: pa.Table | None = None
         self._order: np.ndarray = np.empty(0, dtype=np.int64)
         """Per base row, its lookup key (the integer key itself, or the key's hash), ascending."""
@@ -149,13 +187,27 @@ class StateEntries:
         due.sort(key=lambda item: (item[1], repr(item[0])))
         return due
 
-    def table(self) -> pa.Table:
-        """Every entry in the files' layout (a snapshot's table). Merges ``recent`` first; the
-        table is immutable, so it stays a consistent view while later batches change the keys."""
-        self.compact()
-        if self._base is None:
+    def frozen(self) -> Callable[[], pa.Table]:
+        """What ``table()`` returns now, built when called (by a snapshot's thread, off the
+        task's path): the base is immutable and ``recent`` is copied, so later changes do not
+        show in it."""
+        schema, single_key, base = self._schema, self._single_key, self._base
+        if schema is None:
             raise ValueError("a partition that never held a key has no table; this is a bug in batchline")
-        return self._complete(self._base)
+        live = self._live_rows() if base is not None and self._base_live < base.num_rows else None
+        fresh = [(key, entry) for key, (entry, _) in self._recent.items() if entry is not None]
+
+        def build() -> pa.Table:
+            parts = [rows_table(schema, ((key, value, deadline) for key, (value, deadline) in fresh), single_key)]
+            if base is not None:
+                parts.insert(0, _complete(base if live is None else base.take(pa.array(live)), schema))
+            return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+        return build
+
+    def table(self) -> pa.Table:
+        """Every entry in the files' layout (a snapshot's table)."""
+        return self.frozen()()
 
     @property
     def nbytes(self) -> int:
@@ -170,6 +222,48 @@ class StateEntries:
         ``layout``: the files' layout, for entries that were never loaded from a table."""
         if self._schema is None and layout is not None:
             self._schema = layout.remove_metadata()
+        self._change(changes)
+        if self._too_many(len(self._recent)):
+            self.compact()
+
+    def merge(self, tables: list[pa.Table], into_base: bool = False) -> None:
+        """Apply tables in the files' current layout (deltas read from the files, oldest
+        first). A large run (or any, ``into_base``) is merged into the base as Arrow, its
+        values never made Python objects; a small one goes to ``recent`` like a batch's changes."""
+        if not tables:
+            return
+        if self._schema is None:
+            self._schema = tables[0].schema.remove_metadata()
+        run = pa.concat_tables([t.replace_schema_metadata(None).cast(self._schema) for t in tables])
+        if self.blank and len(tables) == 1:  # a snapshot (or a first delta) holds each key once
+            self._rebase(run.filter(_kept(run)), None, [])
+            return
+        keys = self._decode_keys(run)
+        newest = {key: row for row, key in enumerate(keys)}  # a key's last row speaks for it
+        if len(newest) < run.num_rows:
+            run = run.take(pa.array(sorted(newest.values()), type=pa.int64()))
+            keys = self._decode_keys(run)
+        if self.blank or into_base or self._too_many(len(newest)):
+            # What the base and recent held for these keys goes.
+            held = [key for key in keys if key in self._recent]
+            dropped = [row for row in self._rows_of([key for key in keys if key not in self._recent]) if row >= 0]
+            self._change(dict.fromkeys(held))
+            kept = _kept(run)
+            self._rebase(run.filter(kept), [key for key, keep in zip(keys, kept.to_pylist(), strict=True) if keep],
+                         dropped)
+            return
+        states = [as_python(run.column(n)) for n in run.column_names if n.startswith(STATE_PREFIX)]
+        self.update(as_entries(keys, zip(*states, strict=True) if states else ((),) * run.num_rows, run))
+
+    def compact(self) -> None:
+        """Merge ``recent`` into a new base."""
+        if self._recent:
+            self._rebase(None, [], [])
+
+    def _too_many(self, recent: int) -> bool:
+        return recent > max(_MIN_RECENT, self._base_live // _RECENT_SHARE)
+
+    def _change(self, changes: Mapping[Any, Entry | None]) -> None:
         unseen = [key for key in changes if key not in self._recent]
         for key, row in zip(unseen, self._rows_of(unseen), strict=True):
             self._recent[key] = (None, row)
@@ -186,107 +280,78 @@ class StateEntries:
                 del self._recent[key]
             else:
                 self._recent[key] = (entry, row)
-        if len(self._recent) > max(_MIN_RECENT, self._base_live // _RECENT_SHARE):
-            self.compact()
-
-    def merge(self, tables: list[pa.Table], into_base: bool = False) -> None:
-        """Apply tables in the files' current layout (deltas read from the files, oldest
-        first). A large run (or any, ``into_base``) is merged into the base as Arrow, its
-        values never made Python objects; a small one goes to ``recent`` like a batch's changes."""
-        if not tables:
-            return
-        if self._schema is None:
-            self._schema = tables[0].schema.remove_metadata()
-        if self.blank:  # the first table (a snapshot, or the first delta) is the base as it was read
-            first = tables[0].replace_schema_metadata(None).cast(self._schema)
-            keep = pc.invert(pc.and_(first.column(REMOVED_COL), pc.is_null(first.column(TIMEOUT_COL))))
-            self._set_base(first.filter(keep))
-            tables = tables[1:]
-            if not tables:
-                return
-        run = pa.concat_tables([t.replace_schema_metadata(None).cast(self._schema) for t in tables])
-        keys = self._decode_keys(run)
-        newest = {key: row for row, key in enumerate(keys)}  # a key's last row speaks for it
-        if len(newest) < run.num_rows:
-            run = run.take(pa.array(sorted(newest.values()), type=pa.int64()))
-            keys = self._decode_keys(run)
-        if into_base or len(newest) > max(_MIN_RECENT, self._base_live // _RECENT_SHARE):
-            self.compact()
-            keep = pc.invert(pc.and_(run.column(REMOVED_COL), pc.is_null(run.column(TIMEOUT_COL))))
-            parts = [run.filter(keep)]
-            if self._base is not None:
-                replaced = [row for row in self._rows_of(keys) if row >= 0]
-                live = np.ones(self._base.num_rows, dtype=bool)
-                live[replaced] = False
-                parts.insert(0, self._complete(self._base.filter(pa.array(live))))
-            self._set_base(pa.concat_tables(parts) if len(parts) > 1 else parts[0])
-            return
-        states = [as_python(run.column(n)) for n in run.column_names if n.startswith(STATE_PREFIX)]
-        values: Iterable[tuple[Any, ...]] = zip(*states, strict=True) if states else ((),) * run.num_rows
-        timeouts = run.column(TIMEOUT_COL).to_pylist()
-        removed = run.column(REMOVED_COL).to_pylist()
-        self.update({key: None if gone and timeout is None else (None if gone else value, timeout)
-                     for key, value, timeout, gone in zip(keys, values, timeouts, removed, strict=True)})
-
-    def compact(self) -> None:
-        """Merge ``recent`` into a new base."""
-        if not self._recent:
-            return
-        if self._schema is None:
-            raise ValueError("state entries without a layout; this is a bug in batchline")
-        fresh = [(key, entry) for key, (entry, _) in self._recent.items() if entry is not None]
-        added = rows_table(self._schema, ((key, value, deadline) for key, (value, deadline) in fresh),
-                           self._single_key)
-        parts = [added]
-        if self._base is not None:
-            kept = self._live_rows()
-            base = self._base if len(kept) == self._base.num_rows else self._base.take(pa.array(kept))
-            parts.insert(0, self._complete(base))
-        merged = pa.concat_tables(parts) if len(parts) > 1 else added
-        self._recent, self._recent_live = {}, 0
-        self._set_base(merged)
 
     # ---------------------------------------------------------------- the base
-    def _set_base(self, table: pa.Table) -> None:
-        keys = [table.column(name) for name in table.column_names if name.startswith(KEY_PREFIX)]
-        self._by_value = (self._single_key and keys[0].type in _INTEGER_KEY and keys[0].null_count == 0)
-        order = self._lookup_keys(table)
+    def _rebase(self, extra: pa.Table | None, extra_keys: list[Any] | None, dropped: list[int]) -> None:
+        """A new base of the live base rows (but ``dropped``), ``recent``'s entries and
+        ``extra`` (rows in the files' layout for keys neither speaks for; ``extra_keys``, their
+        keys if decoded), sorted for lookup with one copy. Lookup keys already known are kept: only the added
+        rows' keys are hashed."""
+        schema = self._schema
+        if schema is None:
+            raise ValueError("state entries without a layout; this is a bug in batchline")
+        fresh = [(key, entry) for key, (entry, _) in self._recent.items() if entry is not None]
+        recent = rows_table(schema, ((key, value, deadline) for key, (value, deadline) in fresh), self._single_key)
+        parts: list[tuple[pa.Table, list[Any] | None]] = [(recent, [key for key, _ in fresh])]
+        if extra is not None:
+            parts.append((extra, extra_keys))
+        key_name = next(n for n in schema.names if n.startswith(KEY_PREFIX))
+        live = self._live_rows(dropped) if self._base is not None else np.empty(0, dtype=np.int64)
+        base_has_null = (self._base is not None and not self._by_value
+                         and self._base.column(key_name).take(pa.array(live)).null_count > 0)
+        by_value = (self._single_key and schema.field(key_name).type in _INTEGER_KEY and not base_has_null
+                    and all(part.column(key_name).null_count == 0 for part, _ in parts))
+        # The columns the new base keeps: timeout and removed only when some row needs them.
+        keep = {TIMEOUT_COL: self._deadlines is not None, REMOVED_COL: self._base is not None
+                and REMOVED_COL in self._base.column_names}
+        for part, _ in parts:
+            keep[TIMEOUT_COL] = keep[TIMEOUT_COL] or part.column(TIMEOUT_COL).null_count < part.num_rows
+            keep[REMOVED_COL] = keep[REMOVED_COL] or bool(pc.any(part.column(REMOVED_COL)).as_py())
+        layout = pa.schema([f for f in schema if keep.get(f.name, True)])
+        tables, index, orders = [], [], []
+        if self._base is not None:
+            tables.append(_complete(self._base, layout))
+            index.append(live)
+            orders.append(self._order[live] if by_value == self._by_value
+                          else self._lookup(self._base.take(pa.array(live)), by_value, None))
+        offset = self._base.num_rows if self._base is not None else 0
+        for part, keys in parts:
+            tables.append(part.select(layout.names))
+            index.append(np.arange(part.num_rows, dtype=np.int64) + offset)
+            orders.append(self._lookup(part, by_value, keys))
+            offset += part.num_rows
+        table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
+        order = np.concatenate(orders)
         sort = np.argsort(order, kind="stable")
-        if not np.array_equal(sort, np.arange(len(sort))):
-            table, order = table.take(pa.array(sort)), order[sort]
-        table = table.combine_chunks()
-        timeouts = table.column(TIMEOUT_COL)
-        self._deadlines = (None if timeouts.null_count == len(timeouts)
-                           else pc.fill_null(timeouts, _NO_DEADLINE).to_numpy().copy())
+        self._install(table.take(pa.array(np.concatenate(index)[sort])).combine_chunks(), order[sort], by_value)
+        self._recent, self._recent_live = {}, 0
+
+    def _install(self, table: pa.Table, order: np.ndarray, by_value: bool) -> None:
         # A column with nothing in it (no timeouts; no key holding a timeout without state)
         # is not kept: it would weigh as much as a key's state.
-        if self._deadlines is None:
-            table = table.drop_columns([TIMEOUT_COL])
-        if not pc.any(table.column(REMOVED_COL)).as_py():
+        deadlines = None
+        if TIMEOUT_COL in table.column_names:
+            timeouts = table.column(TIMEOUT_COL)
+            if timeouts.null_count < len(timeouts):
+                deadlines = pc.fill_null(timeouts, _NO_DEADLINE).to_numpy().copy()
+            else:
+                table = table.drop_columns([TIMEOUT_COL])
+        if REMOVED_COL in table.column_names and not pc.any(table.column(REMOVED_COL)).as_py():
             table = table.drop_columns([REMOVED_COL])
-        self._base = table
-        self._order_is_view = self._by_value and keys[0].type == pa.int64() and table.num_rows > 0
+        key_name = next(n for n in table.column_names if n.startswith(KEY_PREFIX))
+        self._order_is_view = by_value and table.schema.field(key_name).type == pa.int64() and table.num_rows > 0
         if self._order_is_view:  # the sorted key column itself: no second copy of the keys
-            key_name = next(n for n in table.column_names if n.startswith(KEY_PREFIX))
             order = table.column(key_name).chunk(0).to_numpy()
-        self._order = np.ascontiguousarray(order, dtype=np.int64)
+        self._base, self._order, self._by_value, self._deadlines = table, order, by_value, deadlines
         self._base_live = table.num_rows
 
-    def _complete(self, table: pa.Table) -> pa.Table:
-        """``table`` with the columns the base leaves out when empty, in the files' layout."""
-        if TIMEOUT_COL not in table.column_names:
-            table = table.append_column(pa.field(TIMEOUT_COL, pa.int64()), pa.nulls(table.num_rows, pa.int64()))
-        if REMOVED_COL not in table.column_names:
-            table = table.append_column(pa.field(REMOVED_COL, pa.bool_()),
-                                        pa.array(np.zeros(table.num_rows, dtype=bool)))
-        assert self._schema is not None
-        return table.select(self._schema.names).cast(self._schema)
-
-    def _lookup_keys(self, table: pa.Table) -> np.ndarray:
-        if self._by_value:
+    def _lookup(self, table: pa.Table, by_value: bool, keys: list[Any] | None) -> np.ndarray:
+        """The lookup keys of a table's rows (``keys``: the rows' keys, when already decoded)."""
+        if by_value:
             column = table.column(next(n for n in table.column_names if n.startswith(KEY_PREFIX)))
-            return pc.cast(column, pa.int64()).to_numpy()
-        return np.fromiter((hash(key) for key in self._decode_keys(table)), dtype=np.int64, count=table.num_rows)
+            return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+        keys = self._decode_keys(table) if keys is None else keys
+        return np.fromiter((hash(key) for key in keys), dtype=np.int64, count=len(keys))
 
     def _rows_of(self, keys: list[Any]) -> list[int]:
         """Each key's row in the base, or -1. Rows ``recent`` speaks for are found too: the
@@ -294,15 +359,14 @@ class StateEntries:
         if not keys or self._base is None or not len(self._order):
             return [-1] * len(keys)
         if self._by_value:
-            if not all(type(key) is int for key in keys):
-                return [self._scan(key, hash(key)) if isinstance(key, int) else -1 for key in keys]
-            probe = np.array(keys, dtype=np.int64)
+            probe, valid = _int64_probe(keys)
         else:
-            probe = np.fromiter((hash(key) for key in keys), dtype=np.int64, count=len(keys))
+            probe, valid = np.fromiter((hash(key) for key in keys), dtype=np.int64, count=len(keys)), None
         at = np.searchsorted(self._order, probe)
-        inside = at < len(self._order)
-        matched = np.zeros(len(keys), dtype=bool)
-        matched[inside] = self._order[at[inside]] == probe[inside]
+        matched = at < len(self._order)
+        matched[matched] = self._order[at[matched]] == probe[matched]
+        if valid is not None:
+            matched &= valid
         rows = np.where(matched, at, -1)
         if self._by_value:
             return rows.tolist()
@@ -318,21 +382,21 @@ class StateEntries:
         return found
 
     def _scan(self, key: Any, lookup: int) -> int:
+        """The row of ``key`` among the base rows whose hash is ``lookup``, or -1."""
         start = int(np.searchsorted(self._order, lookup, side="left"))
         end = int(np.searchsorted(self._order, lookup, side="right"))
-        if self._by_value:
-            return start if start < end else -1
         for row, stored in zip(range(start, end), self._keys_at(np.arange(start, end)), strict=True):
             if stored == key:
                 return row
         return -1
 
-    def _live_rows(self) -> np.ndarray:
-        """The base rows ``recent`` does not speak for."""
+    def _live_rows(self, dropped: list[int] | None = None) -> np.ndarray:
+        """The base rows ``recent`` does not speak for (nor ``dropped``)."""
         assert self._base is not None
-        replaced = [row for _, row in self._recent.values() if row >= 0]
         live = np.ones(self._base.num_rows, dtype=bool)
-        live[replaced] = False
+        live[[row for _, row in self._recent.values() if row >= 0]] = False
+        if dropped:
+            live[dropped] = False
         return np.flatnonzero(live)
 
     def _keys_at(self, rows: np.ndarray) -> list[Any]:
@@ -354,3 +418,38 @@ class StateEntries:
                    else [False] * count)
         return [(None if gone else value, timeout)
                 for value, timeout, gone in zip(values, timeouts, removed, strict=True)]
+
+
+def _kept(table: pa.Table) -> pa.ChunkedArray:
+    """Which rows hold an entry: not removed, or removed with a timeout left."""
+    return pc.invert(pc.and_(table.column(REMOVED_COL), pc.is_null(table.column(TIMEOUT_COL))))
+
+
+def _complete(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in the layout ``schema``, with the columns the base leaves out when empty."""
+    if TIMEOUT_COL in schema.names and TIMEOUT_COL not in table.column_names:
+        table = table.append_column(pa.field(TIMEOUT_COL, pa.int64()), pa.nulls(table.num_rows, pa.int64()))
+    if REMOVED_COL in schema.names and REMOVED_COL not in table.column_names:
+        table = table.append_column(pa.field(REMOVED_COL, pa.bool_()), pa.array(np.zeros(table.num_rows, dtype=bool)))
+    return table.select(schema.names).cast(schema)
+
+
+def _int64_probe(keys: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """Keys as the int64 values to look up, and which of them can match (None: all). A key
+    matches the integer it equals, as in a dict (``True``, ``3.0``); a null, a string or an
+    integer beyond int64 matches none."""
+    if all(type(key) is int for key in keys):
+        try:
+            return np.array(keys, dtype=np.int64), None
+        except OverflowError:
+            pass
+    values = [_as_int64(key) for key in keys]
+    return (np.array([v if v is not None else 0 for v in values], dtype=np.int64),
+            np.array([v is not None for v in values], dtype=bool))
+
+
+def _as_int64(key: Any) -> int | None:
+    if isinstance(key, (int, np.integer)) or (isinstance(key, float) and key.is_integer()):
+        value = int(key)
+        return value if _INT64.min <= value <= _INT64.max else None
+    return None

@@ -46,7 +46,7 @@ from batchline.state.contract import (
     TaskFailure,
     batch_params_from_property,
 )
-from batchline.state.entries import StateEntries
+from batchline.state.entries import StateEntries, give_memory_back
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
@@ -164,8 +164,7 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
 
     apply_tables(entries, tables(), spec_state, single_key, what, into_base=True)
     entries.compact()
-    # Loading builds and drops copies of the partition: give their memory back now.
-    pa.default_memory_pool().release_unused()
+    give_memory_back()  # loading built and dropped copies of the partition
     deltas = sum(1 for _, kind in steps if kind == DELTA)
     initial_keys = frozenset(key for key, _ in entries.items()) if deltas == 0 and initial else frozenset()
     return PartitionData(target, entries, deltas, initial_keys)

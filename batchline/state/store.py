@@ -51,7 +51,14 @@ from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.errors import BatchlineError
-from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX, TIMEOUT_COL, StateEntries, rows_table
+from batchline.state.entries import (
+    KEY_PREFIX,
+    STATE_PREFIX,
+    StateEntries,
+    as_entries,
+    layout_of,
+    rows_table,
+)
 from batchline.state.schema import RowSchema, as_python
 
 __all__ = [
@@ -492,9 +499,7 @@ class MemoryStateStore(StateStore):
 def entries_schema(key_schema: StructType, state: RowSchema) -> pa.Schema:
     """The layout of a delta or snapshot table: key columns, state columns, timeout, removed."""
     key_arrow = to_arrow_schema(key_schema, timezone="UTC")
-    return pa.schema([*(f.with_name(KEY_PREFIX + f.name) for f in key_arrow),
-                      *(f.with_name(STATE_PREFIX + f.name) for f in state.arrow),
-                      pa.field(TIMEOUT_COL, pa.int64()), pa.field(REMOVED_COL, pa.bool_())])
+    return layout_of((f.with_name(KEY_PREFIX + f.name) for f in key_arrow), state.arrow)
 
 
 def entries_table(key_schema: StructType, state: RowSchema,
@@ -535,11 +540,6 @@ def apply_tables(entries: StateEntries, tables: Iterable[pa.Table], state: RowSc
         key_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
         keys = key_columns[0] if single_key else list(zip(*key_columns, strict=True))
         values = reader([as_python(table.column(n)) for n in table.column_names if n.startswith(STATE_PREFIX)])
-        timeouts = table.column(TIMEOUT_COL).to_pylist()
-        removed = table.column(REMOVED_COL).to_pylist()
-        layout = pa.schema([*(f for f in table.schema if f.name.startswith(KEY_PREFIX)),
-                            *(f.with_name(STATE_PREFIX + f.name) for f in state.arrow),
-                            pa.field(TIMEOUT_COL, pa.int64()), pa.field(REMOVED_COL, pa.bool_())])
-        entries.update({key: None if gone and timeout is None else (None if gone else value, timeout)
-                        for key, value, timeout, gone in zip(keys, values, timeouts, removed, strict=True)}, layout)
+        layout = layout_of((f for f in table.schema if f.name.startswith(KEY_PREFIX)), state.arrow)
+        entries.update(as_entries(keys, values, table), layout)
     entries.merge(run, into_base)
