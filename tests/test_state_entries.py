@@ -120,3 +120,18 @@ def test_a_partition_of_integer_counts_weighs_about_its_arrow_bytes():
     entries.compact()
     # key and count, 8 bytes each, plus the removed flags and the timeout column's validity
     assert entries.nbytes / len(entries) < 20
+
+
+def test_a_snapshot_built_later_shows_the_entries_as_they_were_when_taken(monkeypatch):
+    monkeypatch.setattr(entries_module, "_MIN_RECENT", 4)
+    layout = entries_schema(StructType([StructField("k", StringType())]), STATE)
+    entries = StateEntries(True)
+    entries.update({f"k{i}": ((i, i), 1000 + i) for i in range(20)}, layout)
+    entries.update({"k1": None, "k2": ((2, 20), None), "new": ((7, 7), None)})
+    before = dict(entries.items())
+    build = entries.frozen()  # as the snapshot thread gets it
+    entries.update({"k3": None, "k4": ((4, 40), 5), "later": ((1, 1), None)})  # the next batches
+    entries.compact()
+    taken = StateEntries(True)
+    taken.merge([build()])
+    assert dict(taken.items()) == before
