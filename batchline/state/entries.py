@@ -238,22 +238,42 @@ class StateEntries:
         if self.blank and len(tables) == 1:  # a snapshot (or a first delta) holds each key once
             self._rebase(run.filter(_kept(run)), None, [])
             return
-        keys = self._decode_keys(run)
-        newest = {key: row for row, key in enumerate(keys)}  # a key's last row speaks for it
-        if len(newest) < run.num_rows:
-            run = run.take(pa.array(sorted(newest.values()), type=pa.int64()))
-            keys = self._decode_keys(run)
-        if self.blank or into_base or self._too_many(len(newest)):
-            # What the base and recent held for these keys goes.
-            held = [key for key in keys if key in self._recent]
-            dropped = [row for row in self._rows_of([key for key in keys if key not in self._recent]) if row >= 0]
-            self._change(dict.fromkeys(held))
+        numbers = self._integer_keys(run)
+        if numbers is not None:  # one integer key: found and deduplicated as numbers, not Python objects
+            newest = np.sort(len(numbers) - 1 - np.unique(numbers[::-1], return_index=True)[1])
+        else:
+            decoded = {key: row for row, key in enumerate(self._decode_keys(run))}
+            newest = np.fromiter(sorted(decoded.values()), dtype=np.int64, count=len(decoded))
+        if len(newest) < run.num_rows:  # a key's last row speaks for it
+            run = run.take(pa.array(newest))
+            numbers = numbers[newest] if numbers is not None else None
+        if self.blank or into_base or self._too_many(run.num_rows):
             kept = _kept(run)
+            if numbers is not None and not self._recent and (self._base is None or self._by_value):
+                at = np.searchsorted(self._order, numbers)
+                found = at < len(self._order)
+                found[found] = self._order[at[found]] == numbers[found]
+                self._rebase(run.filter(kept), None, at[found].tolist())
+                return
+            # What the base and recent held for these keys goes.
+            keys = self._decode_keys(run)
+            dropped = [row for row in self._rows_of([key for key in keys if key not in self._recent]) if row >= 0]
+            self._change(dict.fromkeys(key for key in keys if key in self._recent))
             self._rebase(run.filter(kept), [key for key, keep in zip(keys, kept.to_pylist(), strict=True) if keep],
                          dropped)
             return
+        keys = self._decode_keys(run)
         states = [as_python(run.column(n)) for n in run.column_names if n.startswith(STATE_PREFIX)]
         self.update(as_entries(keys, zip(*states, strict=True) if states else ((),) * run.num_rows, run))
+
+    def _integer_keys(self, table: pa.Table) -> np.ndarray | None:
+        """The single integer key column as int64, when it holds no null."""
+        if not self._single_key:
+            return None
+        column = table.column(next(n for n in table.column_names if n.startswith(KEY_PREFIX)))
+        if column.type not in _INTEGER_KEY or column.null_count:
+            return None
+        return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
 
     def compact(self) -> None:
         """Merge ``recent`` into a new base."""
@@ -323,7 +343,11 @@ class StateEntries:
         table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
         order = np.concatenate(orders)
         sort = np.argsort(order, kind="stable")
-        self._install(table.take(pa.array(np.concatenate(index)[sort])).combine_chunks(), order[sort], by_value)
+        # The base lives long: in the system allocator, whose freed pages ``give_memory_back``
+        # returns, not Arrow's pool, which keeps what it once held.
+        pool = pa.system_memory_pool()
+        rows = pa.array(np.concatenate(index)[sort])
+        self._install(pc.take(table, rows, memory_pool=pool).combine_chunks(memory_pool=pool), order[sort], by_value)
         self._recent, self._recent_live = {}, 0
 
     def _install(self, table: pa.Table, order: np.ndarray, by_value: bool) -> None:
@@ -348,8 +372,9 @@ class StateEntries:
     def _lookup(self, table: pa.Table, by_value: bool, keys: list[Any] | None) -> np.ndarray:
         """The lookup keys of a table's rows (``keys``: the rows' keys, when already decoded)."""
         if by_value:
-            column = table.column(next(n for n in table.column_names if n.startswith(KEY_PREFIX)))
-            return pc.cast(column, pa.int64()).to_numpy(zero_copy_only=False)
+            numbers = self._integer_keys(table)
+            assert numbers is not None
+            return numbers
         keys = self._decode_keys(table) if keys is None else keys
         return np.fromiter((hash(key) for key in keys), dtype=np.int64, count=len(keys))
 
