@@ -16,7 +16,6 @@ state, as Spark keeps a timeout set after ``remove()``.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import functools
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
@@ -57,9 +56,8 @@ def give_memory_back() -> None:
 
 @functools.cache
 def _malloc_trim() -> Callable[[int], int] | None:
-    name = ctypes.util.find_library("c")
-    try:
-        return ctypes.CDLL(name).malloc_trim if name else None  # type: ignore[no-any-return]
+    try:  # the C library the process already has loaded
+        return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
 
