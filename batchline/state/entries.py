@@ -27,7 +27,7 @@ import pyarrow.compute as pc
 from batchline.state.schema import as_python
 
 __all__ = ["Entry", "StateEntries", "KEY_PREFIX", "STATE_PREFIX", "TIMEOUT_COL", "REMOVED_COL", "as_entries",
-           "give_memory_back", "layout_of", "rows_table"]
+           "decode_keys", "give_memory_back", "layout_of", "rows_table"]
 
 KEY_PREFIX, STATE_PREFIX = "key.", "state."
 TIMEOUT_COL, REMOVED_COL = "__timeout_ms", "__removed"
@@ -66,6 +66,12 @@ def layout_of(key_fields: Iterable[pa.Field], state: pa.Schema) -> pa.Schema:
     """The state files' layout: the key columns, the state columns, timeout, removed."""
     return pa.schema([*key_fields, *(f.with_name(STATE_PREFIX + f.name) for f in state),
                       pa.field(TIMEOUT_COL, pa.int64()), pa.field(REMOVED_COL, pa.bool_())])
+
+
+def decode_keys(table: pa.Table, single_key: bool) -> list[Any]:
+    """The keys of a table in the files' layout as Python values (tuples for compound keys)."""
+    columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
+    return columns[0] if single_key else list(zip(*columns, strict=True))
 
 
 def as_entries(keys: list[Any], values: Iterable[tuple[Any, ...]], table: pa.Table) -> dict[Any, Entry | None]:
@@ -427,8 +433,7 @@ class StateEntries:
         return self._decode_keys(self._base.take(pa.array(rows, type=pa.int64())))
 
     def _decode_keys(self, table: pa.Table) -> list[Any]:
-        columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
-        return columns[0] if self._single_key else list(zip(*columns, strict=True))
+        return decode_keys(table, self._single_key)
 
     def _entries_at(self, rows: np.ndarray) -> list[Entry]:
         assert self._base is not None

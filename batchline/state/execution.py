@@ -198,13 +198,13 @@ def _write_snapshot(spec: OperatorSpec, partition: int, data: PartitionData, bac
     (off the task's path), unless told otherwise."""
     version = data.version
     assert version is not None
-    # An Arrow table is immutable: it stays this version's view while later batches change the keys.
-    frozen = data.entries.table() if len(data.entries) else entries_table(spec.key_schema, spec.state, iter(()),
-                                                                         spec.single_key)
+    # Taken now, built in the snapshot's thread: this version's view while later batches change the keys.
+    build = (data.entries.frozen() if not data.entries.blank
+             else lambda: entries_table(spec.key_schema, spec.state, iter(()), spec.single_key))
 
     def write() -> None:
         try:
-            spec.store.write_version(spec.generation, FileHeader(version, partition, SNAPSHOT), frozen)
+            spec.store.write_version(spec.generation, FileHeader(version, partition, SNAPSHOT), build())
         except Exception:
             logger.exception("Snapshot of operator %s partition %d at %d failed; deltas remain",
                              spec.operator, partition, version)

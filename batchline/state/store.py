@@ -56,6 +56,7 @@ from batchline.state.entries import (
     STATE_PREFIX,
     StateEntries,
     as_entries,
+    decode_keys,
     layout_of,
     rows_table,
 )
@@ -537,8 +538,7 @@ def apply_tables(entries: StateEntries, tables: Iterable[pa.Table], state: RowSc
         run = []
         # Written under an earlier schema: read into the current one in Python (a later delta
         # of the same load may still replace these values).
-        key_columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
-        keys = key_columns[0] if single_key else list(zip(*key_columns, strict=True))
+        keys = decode_keys(table, single_key)
         values = reader([as_python(table.column(n)) for n in table.column_names if n.startswith(STATE_PREFIX)])
         layout = layout_of((f for f in table.schema if f.name.startswith(KEY_PREFIX)), state.arrow)
         entries.update(as_entries(keys, values, table), layout)
