@@ -60,6 +60,9 @@ class _Turn:
 
     done: threading.Event = field(default_factory=threading.Event)
     committed: bool = False
+    failed: bool = False
+    """Set before the batch gives up its slot when its jobs failed for good: the next batch,
+    which takes that slot, then runs none of its own (its outputs must not see it)."""
     jobs_run: int = 0
     """When the jobs of the run that committed finished (the scheduler's count of job runs). A
     batch whose own jobs finished before that runs them again: its predecessor ran again after
@@ -162,6 +165,12 @@ class JobScheduler:
         try:
             if self._cancelling:  # stopped while it waited for a slot
                 return
+            if previous is not None and previous.failed:
+                turn.failed = True
+                self._fail(job_set, BatchFailedError(
+                    job_set.time, "commit", RuntimeError("the batch before it failed"), 0,
+                    "the batch's jobs"), 0, stopped=True)
+                return
             self._spark.sparkContext.setJobGroup(
                 self._group_id(job_set.time), f"batchline batch {format_batch_time(job_set.time)}", True
             )
@@ -199,6 +208,7 @@ class JobScheduler:
                 job, cause = failure
                 verdict = self._after_failure(job_set, job, cause, attempts)  # a failed job keeps its slot
                 if verdict is not _Verdict.RETRY:
+                    turn.failed = holding
                     self._fail(job_set, BatchFailedError(job_set.time, job.name, cause, attempts, job.describe()),
                                attempts, stopped=verdict is _Verdict.STOPPED)
                     return
