@@ -15,7 +15,7 @@ from pyspark.sql.types import StructType
 
 from batchline.api.launch import launch_defaults, ship_py_files
 from batchline.api.stream import FileStream, InputStream, QueueStream, Stream
-from batchline.api.warmup import warm_up
+from batchline.api.warmup import KeepWorkersWarm, warm_up
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import (
@@ -424,6 +424,7 @@ class StreamingContext:
                 )
             ship_py_files(self.spark)
             warm_up(self.spark)  # in the background, while the checkpoint is read
+            self._listener_bus.add(KeepWorkersWarm.for_session(self.spark))
             checkpoint = self._open_checkpoints()
             if checkpoint is not None and self._already_finished(checkpoint):
                 self._state = ContextState.STOPPED

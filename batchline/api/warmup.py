@@ -6,6 +6,13 @@ the checkpoint, so it runs in the background as soon as the context starts, whil
 the checkpoint and the job event store are read: one small job with a task per core, under a
 job group of its own. It is done once per SparkContext; a failure is logged and changes
 nothing else.
+
+An idle pipeline pays the same cold work again (issue 19): its batches run no Spark job, and
+Spark stops Python workers that sat idle for a minute (``PythonWorkerFactory``'s fixed
+``IDLE_WORKER_TIMEOUT``), so the batch that fires a timer after a long wait forked and
+imported anew, and took over a second instead of tens of milliseconds. ``KeepWorkersWarm``
+runs the same small job when no batch ran a Spark job for ``DEFAULT_KEEP_WARM_MS``, well
+inside that minute: a few tens of milliseconds of CPU every 40 s.
 """
 
 from __future__ import annotations
@@ -13,16 +20,23 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-__all__ = ["warm_up"]
+from batchline.clock import Clock, SystemClock
+from batchline.scheduler.listener import StreamingListener
+from batchline.scheduler.progress import BatchProgress
+
+__all__ = ["DEFAULT_KEEP_WARM_MS", "KeepWorkersWarm", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
 JOB_GROUP = "batchline-warm-up"
+DEFAULT_KEEP_WARM_MS = 40_000
+"""Idle time after which the warm-up job runs again: Spark stops idle Python workers at 60 s
+(checked every 10 s), so 40 s keeps them with room to spare."""
 _warmed: set[int] = set()
 _lock = threading.Lock()
 
@@ -48,16 +62,61 @@ def warm_up(spark: SparkSession) -> threading.Thread | None:
             return None
         _warmed.add(id(context))
 
-    def run() -> None:
-        began = time.perf_counter()
-        try:
-            context.setJobGroup(JOB_GROUP, "batchline: warming Python workers and the JVM up", True)
-            slots = max(1, context.defaultParallelism)
-            spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "rows long").collect()
-            logger.info("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
-        except Exception as error:  # only a head start: the batches do the same work anyway
-            logger.info("Warming Spark up failed (%s); the first batch starts cold", error)
-
-    thread = threading.Thread(target=run, name="batchline-warm-up", daemon=True)
+    thread = threading.Thread(target=_run_warm_job, args=(spark, "the first batch starts cold"),
+                              name="batchline-warm-up", daemon=True)
     thread.start()
     return thread
+
+
+def _run_warm_job(spark: SparkSession, if_failed: str) -> None:
+    """One task per core that imports what a stateful task imports; a failure is only logged."""
+    context = spark.sparkContext
+    began = time.perf_counter()
+    try:
+        context.setJobGroup(JOB_GROUP, "batchline: warming Python workers and the JVM up", True)
+        slots = max(1, context.defaultParallelism)
+        spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "rows long").collect()
+        logger.info("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
+    except Exception as error:  # only a head start: the batches do the same work anyway
+        logger.info("Warming Spark up failed (%s); %s", error, if_failed)
+
+
+class KeepWorkersWarm(StreamingListener):
+    """Runs the warm-up job when no batch ran a Spark job for ``idle_ms`` (by ``clock``), so
+    that the next batch with work, often one firing a timer, finds Python workers running.
+
+    It hears of every finished batch, and counts from the end of the last one that ran a job
+    (or from the last warm-up); ``warm`` runs in a daemon thread of its own, one at a time.
+    """
+
+    def __init__(self, warm: Callable[[], None], clock: Clock, idle_ms: int = DEFAULT_KEEP_WARM_MS) -> None:
+        self._warm = warm
+        self._clock = clock
+        self._idle_ms = idle_ms
+        self._last_work_ms = clock.now_ms()
+        self._running: threading.Thread | None = None
+
+    @classmethod
+    def for_session(cls, spark: SparkSession) -> KeepWorkersWarm:
+        """Timed by the system clock whatever the pipeline's clock: Spark stops idle workers by
+        real time (a pipeline on a manual clock in a test keeps its workers as Spark does)."""
+        return cls(lambda: _run_warm_job(spark, "the next batch with work may start cold"), SystemClock())
+
+    def on_progress(self, progress: BatchProgress) -> None:
+        now = self._clock.now_ms()
+        if progress.durations.jobs:
+            self._last_work_ms = now
+            return
+        if now - self._last_work_ms < self._idle_ms or (self._running is not None and self._running.is_alive()):
+            return
+        self._last_work_ms = now
+        self._running = threading.Thread(target=self._warm, name="batchline-keep-warm", daemon=True)
+        self._running.start()
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for a warm-up that is running to end."""
+        if self._running is not None:
+            self._running.join(timeout_s)
+
+    def __repr__(self) -> str:
+        return f"KeepWorkersWarm(after {self._idle_ms} ms without a Spark job)"
