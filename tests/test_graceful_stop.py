@@ -8,7 +8,7 @@ import time
 from batchline import StreamingContext
 from batchline.clock import SystemClock
 from batchline.scheduler.input_info import InputInfoTracker
-from batchline.scheduler.job import JobSet
+from batchline.scheduler.job import Job, JobKind, JobSet
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.listener import ListenerBus
@@ -78,3 +78,32 @@ def test_a_committed_batch_still_telling_its_listeners_is_not_named_unfinished(s
     # The generator saw the batch committed, so a graceful stop asks which batches are left.
     assert scheduler.shutdown(graceful=True) == []
     assert [p.batch_time for p in lifecycle.recent_progress] == [1000]  # told before the stop returned
+
+
+def test_a_batch_after_one_that_failed_for_good_runs_none_of_its_jobs(spark):
+    # Commits overlap (a stateless pipeline): a batch whose jobs failed for good gives up its
+    # slot, and the next batch, waiting for it, takes it. That batch must learn of the failure
+    # first: an output that ran would see rows the restart reads again.
+    lifecycle = BatchLifecycle(ListenerBus(), SystemClock(), InputInfoTracker(), 200)
+    scheduler = JobScheduler(
+        SchedulerSettings(200, 1, 5000, "batchline-test-failed-turn", overlap_commits=True), spark, SystemClock(),
+        lifecycle, on_error=lambda error: None, commit=lambda batch_time: None)
+    first_started, let_first_fail = threading.Event(), threading.Event()
+    ran: list[int] = []
+
+    def failing() -> None:
+        first_started.set()
+        assert let_first_fail.wait(30)
+        raise ValueError("a bad row")
+
+    def output() -> None:
+        ran.append(2000)
+
+    scheduler.submit_job_set(JobSet(1000, [Job(1000, "out", failing, JobKind.OUTPUT)], {}, submission_time=0))
+    assert first_started.wait(30)
+    scheduler.submit_job_set(JobSet(2000, [Job(2000, "out", output, JobKind.OUTPUT)], {}, submission_time=0))
+    let_first_fail.set()  # the second batch already waits for the slot
+    assert scheduler.wait_for_running_jobs(30)
+    scheduler.shutdown(graceful=True)
+    assert ran == []
+    assert [(p.batch_time, p.status) for p in lifecycle.recent_progress] == [(1000, "failed"), (2000, "cancelled")]
