@@ -9,7 +9,7 @@ import datetime as dt
 import random
 
 import pytest
-from pyspark.sql.types import LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from batchline.state import entries as entries_module
 from batchline.state.entries import StateEntries
@@ -36,7 +36,8 @@ class Colliding:
 def _check(entries: StateEntries, truth: dict) -> None:
     assert len(entries) == len(truth)
     assert dict(entries.items()) == truth
-    probe = list(truth)[:50] + ["missing", -999_999, 2**70, True, 3.0]
+    # 2**32 + 3 is 3 when narrowed to an int32 key column: it must not find key 3.
+    probe = list(truth)[:50] + ["missing", -999_999, 2**70, 2**32 + 3, -(2**31) - 1, True, 3.0]
     expected = {key: truth[key] for key in probe if key in truth}
     assert entries.get_many(probe) == expected
     deadlines = [entry[1] for entry in truth.values() if entry[1] is not None]
@@ -48,17 +49,18 @@ def _check(entries: StateEntries, truth: dict) -> None:
         assert entries.due(at) == due
 
 
-@pytest.mark.parametrize("kind", ["int", "str", "compound"])
+@pytest.mark.parametrize("kind", ["int", "int32", "str", "compound"])
 def test_reads_and_changes_match_a_dict_across_merges(kind, monkeypatch):
     monkeypatch.setattr(entries_module, "_MIN_RECENT", 8)  # merge often
     key_schema = {
         "int": StructType([StructField("k", LongType())]),
+        "int32": StructType([StructField("k", IntegerType())]),  # its column is the lookup order itself
         "str": StructType([StructField("k", StringType())]),
         "compound": StructType([StructField("a", StringType()), StructField("b", TimestampType())]),
     }[kind]
 
     def key_of(i: int):
-        if kind == "int":
+        if kind in ("int", "int32"):
             # negative keys too (-1 and -2 share a hash in Python), and a null key, which
             # Spark groups like any other and which makes the lookup go by hash
             return None if i == 119 else i - 50
@@ -118,8 +120,14 @@ def test_a_partition_of_integer_counts_weighs_about_its_arrow_bytes():
     entries = StateEntries(True)
     entries.update({k: ((k,), None) for k in range(100_000)}, layout)
     entries.compact()
-    # key and count, 8 bytes each, plus the removed flags and the timeout column's validity
-    assert entries.nbytes / len(entries) < 20
+    # key and count, 8 bytes each; no timeout column, no removed flags (none is set)
+    assert entries.nbytes / len(entries) == 16
+    # With a deadline per key: 8 bytes more, once (the array that finds due keys), not again
+    # as the files' timeout column.
+    entries.update({k: ((k,), 5_000 + k) for k in range(100_000)})
+    entries.compact()
+    assert entries.nbytes / len(entries) == 24
+    assert entries.get(7) == ((7,), 5_007) and entries.due(5_001) == [(0, 5_000), (1, 5_001)]
 
 
 def test_a_snapshot_built_later_shows_the_entries_as_they_were_when_taken(monkeypatch):

@@ -3,8 +3,9 @@ worker is about what its fields weigh in Arrow, not a Python dict entry and a tu
 Python objects per key.
 
 Most keys sit untouched most batches, so the bulk of a partition lives in ``base``: an Arrow
-table in the state files' own layout (key columns, state columns, timeout, removed), sorted
-by a lookup key, with the deadlines beside it as one numpy array. The keys a batch changes go
+table in the state files' own layout (key columns, state columns, removed), sorted by a
+lookup key, with the deadlines beside it as one numpy array (the files' timeout column, held
+once: the array is what finds due keys, and the column is rebuilt from it for a snapshot). The keys a batch changes go
 to ``recent``, a dict of Python values, which the next lookups see first; once it holds a
 small share of the partition it is merged into a new base (``compact``). Lookups of a batch's
 keys are one vectorized binary search; due timeouts are one vectorized comparison.
@@ -120,7 +121,7 @@ class StateEntries:
         self._by_value = False
         """Whether ``_order`` holds the keys themselves (one integer key column, no nulls)."""
         self._order_is_view = False
-        """Whether ``_order`` is the base's key column itself (64-bit integer keys)."""
+        """Whether ``_order`` is the base's key column itself (integer keys, of its own width)."""
         self._deadlines: np.ndarray | None = None
         """Per base row, its deadline (``_NO_DEADLINE`` for none, or when ``recent`` holds the key)."""
         self._recent: dict[Any, tuple[Entry | None, int]] = {}
@@ -199,12 +200,16 @@ class StateEntries:
         if schema is None:
             raise ValueError("a partition that never held a key has no table; this is a bug in batchline")
         live = self._live_rows() if base is not None and self._base_live < base.num_rows else None
+        # Copied now: a later change of a key marks its row's deadline in place.
+        deadlines = None if self._deadlines is None else (
+            self._deadlines.copy() if live is None else self._deadlines[live])
         fresh = [(key, entry) for key, (entry, _) in self._recent.items() if entry is not None]
 
         def build() -> pa.Table:
             parts = [rows_table(schema, ((key, value, deadline) for key, (value, deadline) in fresh), single_key)]
             if base is not None:
-                parts.insert(0, _complete(base if live is None else base.take(pa.array(live)), schema))
+                rows = base if live is None else base.take(pa.array(live))
+                parts.insert(0, _complete(_with_timeouts(rows, deadlines), schema))
             return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
 
         return build
@@ -254,9 +259,7 @@ class StateEntries:
         if self.blank or into_base or self._too_many(run.num_rows):
             kept = _kept(run)
             if numbers is not None and not self._recent and (self._base is None or self._by_value):
-                at = np.searchsorted(self._order, numbers)
-                found = at < len(self._order)
-                found[found] = self._order[at[found]] == numbers[found]
+                at, found = _search(self._order, numbers)
                 self._rebase(run.filter(kept), None, at[found].tolist())
                 return
             # What the base and recent held for these keys goes.
@@ -334,7 +337,7 @@ class StateEntries:
         layout = pa.schema([f for f in schema if keep.get(f.name, True)])
         tables, index, orders = [], [], []
         if self._base is not None:
-            tables.append(_complete(self._base, layout))
+            tables.append(_complete(_with_timeouts(self._base, self._deadlines), layout))
             index.append(live)
             orders.append(self._order[live] if by_value == self._by_value
                           else self._lookup(self._base.take(pa.array(live)), by_value, None))
@@ -355,19 +358,18 @@ class StateEntries:
         self._recent, self._recent_live = {}, 0
 
     def _install(self, table: pa.Table, order: np.ndarray, by_value: bool) -> None:
-        # A column with nothing in it (no timeouts; no key holding a timeout without state)
-        # is not kept: it would weigh as much as a key's state.
+        # The deadlines are held once, as the array; a removed column with nothing in it (no key
+        # holding a timeout without state) is not kept: it would weigh as much as a key's state.
         deadlines = None
         if TIMEOUT_COL in table.column_names:
             timeouts = table.column(TIMEOUT_COL)
             if timeouts.null_count < len(timeouts):
                 deadlines = pc.fill_null(timeouts, _NO_DEADLINE).to_numpy().copy()
-            else:
-                table = table.drop_columns([TIMEOUT_COL])
+            table = table.drop_columns([TIMEOUT_COL])
         if REMOVED_COL in table.column_names and not pc.any(table.column(REMOVED_COL)).as_py():
             table = table.drop_columns([REMOVED_COL])
         key_name = next(n for n in table.column_names if n.startswith(KEY_PREFIX))
-        self._order_is_view = by_value and table.schema.field(key_name).type == pa.int64() and table.num_rows > 0
+        self._order_is_view = by_value and table.num_rows > 0
         if self._order_is_view:  # the sorted key column itself: no second copy of the keys
             order = table.column(key_name).chunk(0).to_numpy()
         self._base, self._order, self._by_value, self._deadlines = table, order, by_value, deadlines
@@ -391,9 +393,7 @@ class StateEntries:
             probe, valid = _int64_probe(keys)
         else:
             probe, valid = np.fromiter((hash(key) for key in keys), dtype=np.int64, count=len(keys)), None
-        at = np.searchsorted(self._order, probe)
-        matched = at < len(self._order)
-        matched[matched] = self._order[at[matched]] == probe[matched]
+        at, matched = _search(self._order, probe)
         if valid is not None:
             matched &= valid
         rows = np.where(matched, at, -1)
@@ -441,7 +441,8 @@ class StateEntries:
         states = [as_python(taken.column(n)) for n in taken.column_names if n.startswith(STATE_PREFIX)]
         values: Iterable[tuple[Any, ...]] = zip(*states, strict=True) if states else ((),) * len(rows)
         count = len(rows)
-        timeouts = taken.column(TIMEOUT_COL).to_pylist() if self._deadlines is not None else [None] * count
+        timeouts = (_timeouts(self._deadlines[rows]).to_pylist() if self._deadlines is not None
+                    else [None] * count)
         removed = (taken.column(REMOVED_COL).to_pylist() if REMOVED_COL in taken.column_names
                    else [False] * count)
         return [(None if gone else value, timeout)
@@ -451,6 +452,35 @@ class StateEntries:
 def _kept(table: pa.Table) -> pa.ChunkedArray:
     """Which rows hold an entry: not removed, or removed with a timeout left."""
     return pc.invert(pc.and_(table.column(REMOVED_COL), pc.is_null(table.column(TIMEOUT_COL))))
+
+
+def _search(order: np.ndarray, probe: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each int64 ``probe`` is in the sorted ``order`` and whether it is there. ``order``
+    may be a narrower integer key column: the probes are narrowed to it (those out of its
+    range match nothing), as numpy would otherwise widen a copy of the whole column per call."""
+    fits = None
+    if order.dtype != probe.dtype:
+        limits = np.iinfo(order.dtype)
+        fits = (probe >= limits.min) & (probe <= limits.max)
+        probe = np.where(fits, probe, 0).astype(order.dtype)
+    at = np.searchsorted(order, probe)
+    matched = at < len(order)
+    matched[matched] = order[at[matched]] == probe[matched]
+    if fits is not None:
+        matched &= fits
+    return at, matched
+
+
+def _timeouts(deadlines: np.ndarray) -> pa.Array:
+    """The timeout column of rows whose deadlines are ``deadlines`` (none: null)."""
+    return pa.array(deadlines, type=pa.int64(), mask=deadlines == _NO_DEADLINE)
+
+
+def _with_timeouts(table: pa.Table, deadlines: np.ndarray | None) -> pa.Table:
+    """A base table (or rows taken from it) with its timeout column, rebuilt from the deadlines."""
+    if deadlines is None:
+        return table
+    return table.append_column(pa.field(TIMEOUT_COL, pa.int64()), _timeouts(deadlines))
 
 
 def _complete(table: pa.Table, schema: pa.Schema) -> pa.Table:
