@@ -1,21 +1,26 @@
 """Keeping Python workers warm while a pipeline idles (issue 19): Spark stops Python workers
 idle for a minute, so the batch that fires a timer after a long wait would start cold. The
-warm-up job runs again when no batch ran a Spark job for a while; on a manual clock here."""
+warm-up job runs again when no batch used Python workers for a while; on a manual clock here,
+and wired into a running context at the end."""
 
 from __future__ import annotations
 
 import threading
 
+from batchline import StreamingContext
 from batchline.api.warmup import DEFAULT_KEEP_WARM_MS, KeepWorkersWarm
 from batchline.clock import ManualClock
-from batchline.scheduler.progress import COMPLETED, BatchProgress, JobTiming, PhaseDurations
+from batchline.scheduler.progress import COMPLETED, BatchProgress, InputProgress, StateOperatorProgress
 
 
-def progress(clock: ManualClock, ran_a_job: bool) -> BatchProgress:
-    jobs = (JobTiming("out", "output", clock.now_ms(), 12),) if ran_a_job else ()
+def progress(clock: ManualClock, records: int = 0, keys_called: int = 0) -> BatchProgress:
+    operators = (StateOperatorProgress(operator="sessions", input_rows=0, late_rows=0, keys_called=keys_called,
+                                       updated=0, removed=0, timed_out=0, output_rows=0, state_keys=10,
+                                       watermark_ms=None),)
     return BatchProgress(batch_time=clock.now_ms(), status=COMPLETED, submission_time_ms=clock.now_ms(),
                          processing_start_ms=clock.now_ms(), processing_end_ms=clock.now_ms(),
-                         batch_interval_ms=1000, attempts=1, durations=PhaseDurations(jobs=tuple(jobs)))
+                         batch_interval_ms=1000, attempts=1, inputs=(InputProgress("events", records),),
+                         state_operators=operators)
 
 
 class Warmings:
@@ -28,42 +33,82 @@ class Warmings:
     def __call__(self) -> None:
         self.times.append(self.clock.now_ms())
 
-    def batches(self, keeper: KeepWorkersWarm, seconds: range, jobs_at: frozenset[int] = frozenset()) -> None:
-        """One batch a second, each heard by ``keeper``; those in ``jobs_at`` ran a Spark job."""
-        for second in seconds:
-            self.clock.set_time(second * 1000)
-            keeper.on_progress(progress(self.clock, second in jobs_at))
-            keeper.join(5)
+
+def run(keeper: KeepWorkersWarm, clock: ManualClock, seconds: range, worked: dict[int, BatchProgress]) -> None:
+    """One batch a second (``worked``: the ones that used Python workers), each followed by
+    the keeper's check, as its own thread makes it."""
+    for second in seconds:
+        clock.set_time(second * 1000)
+        keeper.on_progress(worked.get(second) or progress(clock))
+        keeper.check()
+        keeper.join(5)
 
 
-def test_workers_are_warmed_after_every_40_s_without_a_spark_job_and_not_while_batches_run_jobs():
+def test_workers_are_warmed_after_40_s_without_work_for_them_and_not_while_batches_use_them():
     clock = ManualClock(0)
     warmings = Warmings(clock)
-    keeper = KeepWorkersWarm(warmings, clock, DEFAULT_KEEP_WARM_MS)
-    # A job every 30 s: the workers never sit idle for 40 s.
-    warmings.batches(keeper, range(1, 121), jobs_at=frozenset({30, 60, 90, 120}))
+    keeper = KeepWorkersWarm(warmings, clock.now_ms, DEFAULT_KEEP_WARM_MS)
+    # Rows read every 30 s, then a timer firing (keys called, no rows): never 40 s idle.
+    run(keeper, clock, range(1, 121), {30: progress(clock, records=5), 60: progress(clock, records=1),
+                                       90: progress(clock, keys_called=3), 120: progress(clock, records=2)})
     assert warmings.times == []
-    # Then idle batches only: a warm-up 40 s after the last job, then every 40 s.
-    warmings.batches(keeper, range(121, 250))
+    # Then batches that use no Python worker: a warm-up 40 s after the last work, then every 40 s.
+    run(keeper, clock, range(121, 250), {})
     assert warmings.times == [160_000, 200_000, 240_000]
 
 
-def test_a_warm_up_still_running_is_not_started_again():
+def test_the_check_warms_in_time_whatever_the_batch_interval():
+    # Batches every 5 minutes: the keeper's own checks (every few seconds) warm in between.
     clock = ManualClock(0)
-    started = threading.Event()
-    release = threading.Event()
+    warmings = Warmings(clock)
+    keeper = KeepWorkersWarm(warmings, clock.now_ms, DEFAULT_KEEP_WARM_MS)
+    for second in range(5, 301, 5):
+        clock.set_time(second * 1000)
+        keeper.check()
+        keeper.join(5)
+    assert warmings.times == [40_000, 80_000, 120_000, 160_000, 200_000, 240_000, 280_000]
+
+
+def test_a_running_warm_up_is_not_started_again_and_is_cancelled_by_stop():
+    clock = ManualClock(0)
+    started, release = threading.Event(), threading.Event()
     calls: list[int] = []
+    cancelled: list[bool] = []
 
     def slow_warm() -> None:
         calls.append(1)
         started.set()
         release.wait(5)
 
-    keeper = KeepWorkersWarm(slow_warm, clock, 10_000)
+    def cancel() -> None:
+        cancelled.append(True)
+        release.set()
+
+    keeper = KeepWorkersWarm(slow_warm, clock.now_ms, 10_000, cancel=cancel)
     for second in range(1, 40):
         clock.set_time(second * 1000)
-        keeper.on_progress(progress(clock, False))
+        keeper.check()
         if second == 10:
             assert started.wait(5)
-    release.set()
     assert calls == [1]
+    keeper.stop(5)
+    assert cancelled == [True]
+    clock.set_time(100_000)
+    keeper.check()  # stopped: no more warm-ups
+    assert calls == [1]
+
+
+def _keep_warm_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("batchline-keep-warm") and t.is_alive()]
+
+
+def test_a_context_keeps_workers_warm_until_it_stops_unless_told_not_to(spark):
+    for keep in (True, False):
+        ssc = StreamingContext(spark, "200ms", keep_workers_warm=keep)
+        ssc.generator_stream(1, partitions=1, name="events").foreach_batch(lambda df, t: None, name="out")
+        ssc.start()
+        try:
+            assert _keep_warm_threads() == (["batchline-keep-warm-checker"] if keep else [])
+        finally:
+            ssc.stop()
+        assert _keep_warm_threads() == []

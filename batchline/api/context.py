@@ -112,6 +112,12 @@ class StreamingContext:
     turns them off). ``name`` names the pipeline there (default: the Spark
     application's name). With a checkpoint location, ``batchline stop LOCATION`` from any
     terminal stops the pipeline; it looks for the request every batch interval (at most 2 s).
+
+    ``keep_workers_warm`` (default True): Spark stops Python workers that ran no task for a
+    minute, and the next batch with work (a timer firing after a quiet spell) would fork and
+    import anew; so while no batch reads rows or calls a state function, the context runs a
+    small warm-up job every 40 s. False runs none, so that dynamic allocation can release
+    idle executors.
     """
 
     def __init__(
@@ -136,6 +142,7 @@ class StreamingContext:
         dashboard_port: int | None | _FromLaunch = FROM_LAUNCH,
         dashboard_host: str = "127.0.0.1",
         progress_records: int = DEFAULT_RECENT_PROGRESS,
+        keep_workers_warm: bool = True,
     ) -> None:
         self.spark = spark
         self.batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -191,6 +198,8 @@ class StreamingContext:
         """How the stop ended, once the requests it answered are answered."""
         self._stop_requests_lock = threading.Lock()
         self._started_at_ms: int | None = None
+        self._keep_workers_warm = keep_workers_warm
+        self._keep_warm: KeepWorkersWarm | None = None
 
     # ---------------------------------------------------------------- inputs
     def file_stream(
@@ -424,7 +433,6 @@ class StreamingContext:
                 )
             ship_py_files(self.spark)
             warm_up(self.spark)  # in the background, while the checkpoint is read
-            self._listener_bus.add(KeepWorkersWarm.for_session(self.spark))
             checkpoint = self._open_checkpoints()
             if checkpoint is not None and self._already_finished(checkpoint):
                 self._state = ContextState.STOPPED
@@ -440,6 +448,10 @@ class StreamingContext:
                 raise
             self._state = ContextState.ACTIVE
             self._started_at_ms = self.clock.now_ms()
+            if self._keep_workers_warm:
+                self._keep_warm = KeepWorkersWarm.for_session(self.spark)
+                self._listener_bus.add(self._keep_warm)
+                self._keep_warm.start()
         logger.info("StreamingContext started (batch interval %d ms)", self.batch_interval_ms)
 
     def _start_running(self, checkpoint: Checkpoint | None) -> None:
@@ -589,6 +601,8 @@ class StreamingContext:
                 return
             self._state = ContextState.STOPPED
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
+        if self._keep_warm is not None:
+            self._keep_warm.stop()
         if self.pipeline is None or self._generator is None or self._scheduler is None:
             raise ContextStateError("the context is active but was never fully started; this is a bug in batchline")
         how, unfinished = StopHow.FAILED, []

@@ -11,8 +11,9 @@ An idle pipeline pays the same cold work again (issue 19): its batches run no Sp
 Spark stops Python workers that sat idle for a minute (``PythonWorkerFactory``'s fixed
 ``IDLE_WORKER_TIMEOUT``), so the batch that fires a timer after a long wait forked and
 imported anew, and took over a second instead of tens of milliseconds. ``KeepWorkersWarm``
-runs the same small job when no batch ran a Spark job for ``DEFAULT_KEEP_WARM_MS``, well
-inside that minute: a few tens of milliseconds of CPU every 40 s.
+runs the same small job when no batch used Python workers for ``DEFAULT_KEEP_WARM_MS``: a
+few tens of milliseconds of CPU every 40 s. A context started with
+``keep_workers_warm=False`` runs none (then dynamic allocation can release idle executors).
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ from collections.abc import Callable, Iterator
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
-from batchline.clock import Clock, SystemClock
 from batchline.scheduler.listener import StreamingListener
 from batchline.scheduler.progress import BatchProgress
 
@@ -35,8 +35,8 @@ logger = logging.getLogger(__name__)
 
 JOB_GROUP = "batchline-warm-up"
 DEFAULT_KEEP_WARM_MS = 40_000
-"""Idle time after which the warm-up job runs again: Spark stops idle Python workers at 60 s
-(checked every 10 s), so 40 s keeps them with room to spare."""
+"""Spark stops idle Python workers after 60 s, checked every 10 s: 40 s (plus up to one 5 s
+check) keeps them with room to spare."""
 _warmed: set[int] = set()
 _lock = threading.Lock()
 
@@ -82,41 +82,79 @@ def _run_warm_job(spark: SparkSession, if_failed: str) -> None:
 
 
 class KeepWorkersWarm(StreamingListener):
-    """Runs the warm-up job when no batch ran a Spark job for ``idle_ms`` (by ``clock``), so
-    that the next batch with work, often one firing a timer, finds Python workers running.
+    """Runs the warm-up job when no batch used Python workers (read a row, or called a key's
+    state function) and no warm-up ran for ``idle_ms``, so that the next batch with work, often
+    one firing a timer, finds its workers running.
 
-    It hears of every finished batch, and counts from the end of the last one that ran a job
-    (or from the last warm-up); ``warm`` runs in a daemon thread of its own, one at a time.
+    Batches tell it what they did (``on_progress``); a thread of its own (``start``) checks
+    every ``check_ms``, so that the warm-up comes in time whatever the batch interval. The
+    warm-up runs on a thread of its own, one at a time. ``now_ms`` is a monotonic clock:
+    Spark times its idle workers by one.
     """
 
-    def __init__(self, warm: Callable[[], None], clock: Clock, idle_ms: int = DEFAULT_KEEP_WARM_MS) -> None:
+    def __init__(self, warm: Callable[[], None], now_ms: Callable[[], int], idle_ms: int = DEFAULT_KEEP_WARM_MS,
+                 cancel: Callable[[], None] = lambda: None) -> None:
         self._warm = warm
-        self._clock = clock
+        self._now_ms = now_ms
         self._idle_ms = idle_ms
-        self._last_work_ms = clock.now_ms()
+        self._cancel = cancel
+        self._lock = threading.Lock()
+        self._last_ms = now_ms()
+        """When a batch last used Python workers, or the last warm-up started."""
         self._running: threading.Thread | None = None
+        self._stopped = threading.Event()
+        self._checker: threading.Thread | None = None
 
     @classmethod
     def for_session(cls, spark: SparkSession) -> KeepWorkersWarm:
-        """Timed by the system clock whatever the pipeline's clock: Spark stops idle workers by
-        real time (a pipeline on a manual clock in a test keeps its workers as Spark does)."""
-        return cls(lambda: _run_warm_job(spark, "the next batch with work may start cold"), SystemClock())
+        return cls(lambda: _run_warm_job(spark, "the next batch with work may start cold"),
+                   lambda: time.monotonic_ns() // 1_000_000,
+                   cancel=lambda: spark.sparkContext.cancelJobGroup(JOB_GROUP))
 
     def on_progress(self, progress: BatchProgress) -> None:
-        now = self._clock.now_ms()
-        if progress.durations.jobs:
-            self._last_work_ms = now
-            return
-        if now - self._last_work_ms < self._idle_ms or (self._running is not None and self._running.is_alive()):
-            return
-        self._last_work_ms = now
-        self._running = threading.Thread(target=self._warm, name="batchline-keep-warm", daemon=True)
-        self._running.start()
+        if progress.records or any(operator.keys_called for operator in progress.state_operators):
+            with self._lock:
+                self._last_ms = self._now_ms()
+
+    def check(self) -> None:
+        """Start the warm-up if the workers sat idle for ``idle_ms`` and none is running."""
+        with self._lock:
+            now = self._now_ms()
+            if (self._stopped.is_set() or now - self._last_ms < self._idle_ms
+                    or (self._running is not None and self._running.is_alive())):
+                return
+            self._last_ms = now
+            self._running = threading.Thread(target=self._warm, name="batchline-keep-warm", daemon=True)
+            self._running.start()
+
+    def start(self, check_ms: int = 5_000) -> None:
+        def loop() -> None:
+            while not self._stopped.wait(check_ms / 1000):
+                self.check()
+
+        self._checker = threading.Thread(target=loop, name="batchline-keep-warm-checker", daemon=True)
+        self._checker.start()
 
     def join(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for a warm-up that is running to end."""
-        if self._running is not None:
-            self._running.join(timeout_s)
+        with self._lock:
+            running = self._running
+        if running is not None:
+            running.join(timeout_s)
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """No more warm-ups; one that is running is cancelled, and waited for up to ``timeout_s``."""
+        self._stopped.set()
+        if self._checker is not None:
+            self._checker.join(timeout_s)
+        with self._lock:
+            running = self._running is not None and self._running.is_alive()
+        if running:
+            try:
+                self._cancel()
+            except Exception as error:  # the SparkContext may be stopping too
+                logger.debug("Cancelling the warm-up job failed: %s", error)
+            self.join(timeout_s)
 
     def __repr__(self) -> str:
-        return f"KeepWorkersWarm(after {self._idle_ms} ms without a Spark job)"
+        return f"KeepWorkersWarm(after {self._idle_ms} ms without work for Python workers)"

@@ -215,7 +215,7 @@ class StreamRuntime(ABC):
     def has_rows(self, batch_time: int) -> bool:
         """Whether the batch may hold rows of this stream: False only when the driver knows it
         holds none (every input it reads took nothing, and no state timer is due). Outputs
-        run no job for such a batch (SPEC E6: an idle pipeline runs no Spark job). Asked when
+        run no job for such a batch (SPEC E6: an idle pipeline's batches run no Spark job). Asked when
         the batch's jobs are generated and again when they run: a stateful operator whose
         previous batch was still running decides only as its own job runs."""
         return any(parent.has_rows(batch_time) for parent in self.parents)
