@@ -14,6 +14,7 @@ from batchline.clock import ManualClock
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
 from batchline.state import read_state
+from batchline.state.store import StateVersionError
 from batchline.testing import BatchRecorder, CollectSink, list_stream
 
 START, INTERVAL, PARTITIONS = 100_000, 1000, 3
@@ -140,6 +141,22 @@ def test_a_thread_of_the_output_s_own_must_carry_the_batch_s_parameters(spark, t
     (failed,) = recorder.completed
     assert failed.attempts == 1
     assert failed.failure is not None and "pyspark.InheritableThread" in failed.failure, failed.failure
+
+
+def test_an_output_that_unions_the_operator_after_another_frame_fails_naming_the_union(spark, tmp_path):
+    # In one stage the union numbers the operator's tasks after the other frame's: the state
+    # partitions would be mixed up. The commit refuses, and says what to do instead.
+    def union_after(df, batch_time):
+        other = df.sparkSession.createDataFrame([("x", 0), ("y", 0)], "key string, count long").repartition(2)
+        other.unionByName(df).collect()
+
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(union_after, name="out"),
+                                  batches=BATCHES[:1], retry=RetryPolicy.never())
+    (failed,) = recorder.completed
+    assert failed.failure is not None and "a union with another frame first" in failed.failure, failed.failure
+    assert "missing [0, 1]" in failed.failure and "beyond the last: [3, 4]" in failed.failure, failed.failure
+    with pytest.raises(StateVersionError, match="no committed state version"):  # nothing was committed
+        state_of(spark, checkpoint)
 
 
 def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partition_kept(spark, tmp_path):

@@ -599,8 +599,15 @@ class StatefulRuntime(StreamRuntime):
         stats = self._final_stats[batch_time]
         if not self._all_reported(stats):
             del self._ran[batch_time]
+            ran = [p for p in range(stats.partitions.bit_length()) if stats.partitions >> p & 1]
+            missing = sorted(set(range(self.num_partitions)) - set(ran))
+            beyond = [p for p in ran if p >= self.num_partitions]
             raise ConfigurationError(
-                f"operator {self.name!r} ran {bin(stats.partitions).count('1')} of its {self.num_partitions} state "
-                "partitions; something (adaptive execution?) changed the shuffle, and state partitions must keep "
-                "their identity"
+                f"operator {self.name!r} has {self.num_partitions} state partitions, but its tasks ran as partitions "
+                f"{ran} (missing {missing}" + (f", beyond the last: {beyond}" if beyond else "") + "): state "
+                "partitions must keep their identity. Either something changed the shuffle (adaptive execution), "
+                "or the output that reads the operator combined its DataFrame after another in one Spark stage (a "
+                "union with another frame first), which numbers the operator's tasks after the other frame's. "
+                "In foreach_batch, put the operator's DataFrame first in a union, or persist it and count it "
+                "before combining it"
             )
