@@ -4,6 +4,7 @@ rows, none, on another thread), every partition's function runs once per batch."
 
 import os
 import threading
+from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -157,6 +158,9 @@ def test_an_output_that_unions_the_operator_after_another_frame_fails_naming_the
     assert "missing [0, 1]" in failed.failure and "beyond the last: [3, 4]" in failed.failure, failed.failure
     with pytest.raises(StateVersionError, match="no committed state version"):  # nothing was committed
         state_of(spark, checkpoint)
+    # The tasks recorded other partitions' work as finished: a restart must not keep it.
+    assert not list(Path(checkpoint).glob(f"events/*{START + INTERVAL}*/finished-*")), \
+        sorted(p.name for p in Path(checkpoint).rglob("finished-*"))
 
 
 def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partition_kept(spark, tmp_path):

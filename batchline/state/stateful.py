@@ -602,6 +602,11 @@ class StatefulRuntime(StreamRuntime):
             ran = [p for p in range(stats.partitions.bit_length()) if stats.partitions >> p & 1]
             missing = sorted(set(range(self.num_partitions)) - set(ran))
             beyond = [p for p in ran if p >= self.num_partitions]
+            if self.metadata is not None:
+                # Tasks under the wrong numbers recorded other partitions' work as finished: a
+                # restart must not keep it.
+                self._checkpoint.events.forget_finished(batch_time, self.name, self.metadata.generation,
+                                                        max(self.num_partitions, stats.partitions.bit_length()))
             raise ConfigurationError(
                 f"operator {self.name!r} has {self.num_partitions} state partitions, but its tasks ran as partitions "
                 f"{ran} (missing {missing}" + (f", beyond the last: {beyond}" if beyond else "") + "): state "
