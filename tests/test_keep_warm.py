@@ -98,17 +98,19 @@ def test_a_running_warm_up_is_not_started_again_and_is_cancelled_by_stop():
     assert calls == [1]
 
 
-def _keep_warm_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("batchline-keep-warm") and t.is_alive()]
+def _keep_warm_threads() -> set[threading.Thread]:
+    return {t for t in threading.enumerate() if t.name.startswith("batchline-keep-warm") and t.is_alive()}
 
 
 def test_a_context_keeps_workers_warm_until_it_stops_unless_told_not_to(spark):
     for keep in (True, False):
+        before = _keep_warm_threads()  # a context another test left running has its own
         ssc = StreamingContext(spark, "200ms", keep_workers_warm=keep)
         ssc.generator_stream(1, partitions=1, name="events").foreach_batch(lambda df, t: None, name="out")
         ssc.start()
         try:
-            assert _keep_warm_threads() == (["batchline-keep-warm-checker"] if keep else [])
+            started = _keep_warm_threads() - before
+            assert [t.name for t in started] == (["batchline-keep-warm-checker"] if keep else [])
         finally:
             ssc.stop()
-        assert _keep_warm_threads() == []
+        assert not any(t.is_alive() for t in started)
