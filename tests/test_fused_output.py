@@ -144,21 +144,20 @@ def test_a_thread_of_the_output_s_own_must_carry_the_batch_s_parameters(spark, t
     assert failed.failure is not None and "pyspark.InheritableThread" in failed.failure, failed.failure
 
 
-def test_an_output_that_unions_the_operator_after_another_frame_fails_naming_the_union(spark, tmp_path):
-    # In one stage the union numbers the operator's tasks after the other frame's: the state
-    # partitions would be mixed up. The commit refuses, and says what to do instead.
-    def union_after(df, batch_time):
-        other = df.sparkSession.createDataFrame([("x", 0), ("y", 0)], "key string, count long").repartition(2)
-        other.unionByName(df).collect()
+def test_an_output_that_runs_the_operator_s_partitions_in_one_task_fails_naming_the_cause(spark, tmp_path):
+    # In one stage, coalesce(1) runs all three state partitions in one task, numbered 0: the
+    # state partitions would be mixed up. The commit refuses, says what to do instead, and
+    # leaves no finish record for a restart to keep.
+    def coalesce(df, batch_time):
+        df.coalesce(1).collect()
 
-    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(union_after, name="out"),
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(coalesce, name="out"),
                                   batches=BATCHES[:1], retry=RetryPolicy.never())
     (failed,) = recorder.completed
-    assert failed.failure is not None and "a union with another frame first" in failed.failure, failed.failure
-    assert "missing [0, 1]" in failed.failure and "beyond the last: [3, 4]" in failed.failure, failed.failure
+    assert failed.failure is not None and "a coalesce() runs several in one task" in failed.failure, failed.failure
+    assert "ran as partitions [0] (missing [1, 2])" in failed.failure, failed.failure
     with pytest.raises(StateVersionError, match="no committed state version"):  # nothing was committed
         state_of(spark, checkpoint)
-    # The tasks recorded other partitions' work as finished: a restart must not keep it.
     assert not list(Path(checkpoint).glob(f"events/*{START + INTERVAL}*/finished-*")), \
         sorted(p.name for p in Path(checkpoint).rglob("finished-*"))
 

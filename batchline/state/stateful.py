@@ -611,8 +611,8 @@ class StatefulRuntime(StreamRuntime):
                 f"operator {self.name!r} has {self.num_partitions} state partitions, but its tasks ran as partitions "
                 f"{ran} (missing {missing}" + (f", beyond the last: {beyond}" if beyond else "") + "): state "
                 "partitions must keep their identity. Either something changed the shuffle (adaptive execution), "
-                "or the output that reads the operator combined its DataFrame after another in one Spark stage (a "
-                "union with another frame first), which numbers the operator's tasks after the other frame's. "
-                "In foreach_batch, put the operator's DataFrame first in a union, or persist it and count it "
-                "before combining it"
+                "or the output that reads the operator ran its partitions under other numbers in one Spark stage: "
+                "a coalesce() runs several in one task, a union after another frame numbers them after that "
+                "frame's. In foreach_batch, read the operator's DataFrame first as it is (e.g. df.persist() and "
+                "df.count()), then coalesce or combine it"
             )
