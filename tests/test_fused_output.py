@@ -4,7 +4,6 @@ rows, none, on another thread), every partition's function runs once per batch."
 
 import os
 import threading
-from pathlib import Path
 
 import pyarrow as pa
 import pytest
@@ -15,7 +14,6 @@ from batchline.clock import ManualClock
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
 from batchline.state import read_state
-from batchline.state.store import StateVersionError
 from batchline.testing import BatchRecorder, CollectSink, list_stream
 
 START, INTERVAL, PARTITIONS = 100_000, 1000, 3
@@ -142,24 +140,6 @@ def test_a_thread_of_the_output_s_own_must_carry_the_batch_s_parameters(spark, t
     (failed,) = recorder.completed
     assert failed.attempts == 1
     assert failed.failure is not None and "pyspark.InheritableThread" in failed.failure, failed.failure
-
-
-def test_an_output_that_runs_the_operator_s_partitions_in_one_task_fails_naming_the_cause(spark, tmp_path):
-    # In one stage, coalesce(1) runs all three state partitions in one task, numbered 0: the
-    # state partitions would be mixed up. The commit refuses, says what to do instead, and
-    # leaves no finish record for a restart to keep.
-    def coalesce(df, batch_time):
-        df.coalesce(1).collect()
-
-    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(coalesce, name="out"),
-                                  batches=BATCHES[:1], retry=RetryPolicy.never())
-    (failed,) = recorder.completed
-    assert failed.failure is not None and "a coalesce() runs several in one task" in failed.failure, failed.failure
-    assert "ran as partitions [0] (missing [1, 2])" in failed.failure, failed.failure
-    with pytest.raises(StateVersionError, match="no committed state version"):  # nothing was committed
-        state_of(spark, checkpoint)
-    assert not list(Path(checkpoint).glob(f"events/*{START + INTERVAL}*/finished-*")), \
-        sorted(p.name for p in Path(checkpoint).rglob("finished-*"))
 
 
 def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partition_kept(spark, tmp_path):
