@@ -5,9 +5,9 @@ Python objects per key.
 Most keys sit untouched most batches, so the bulk of a partition lives in ``base``: an Arrow
 table in the state files' own layout (key columns, state columns, removed), sorted by a
 lookup key, with the deadlines beside it as one numpy array (the files' timeout column, held
-once: the array is what finds due keys, and the column is rebuilt from it for a snapshot). The keys a batch changes go
-to ``recent``, a dict of Python values, which the next lookups see first; once it holds a
-small share of the partition it is merged into a new base (``compact``). Lookups of a batch's
+once: the array finds due keys, and the column is rebuilt from it for a snapshot). The keys
+a batch changes go to ``recent``, a dict of Python values, which the next lookups see first;
+once it holds a small share of the partition it is merged into a new base (``compact``). Lookups of a batch's
 keys are one vectorized binary search; due timeouts are one vectorized comparison.
 
 An entry is ``(state tuple or None, deadline ms or None)``: a key may hold a timeout and no
