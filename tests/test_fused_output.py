@@ -172,3 +172,37 @@ def test_a_write_that_fails_after_the_operator_s_part_is_retried_and_the_partiti
     assert (progress.input_rows, progress.keys_called) == (30, 7)
     assert sorted(written[first.batch_time]) == sorted((f"k{i}", 30 // 7 + (i < 30 % 7)) for i in range(7))
     assert state_of(spark, checkpoint) == EXPECTED
+
+
+def _coalesced(df, batch_time):
+    return df.coalesce(1).collect()
+
+
+def _coalesced_to_two(df, batch_time):
+    return df.coalesce(2).collect()
+
+
+def _after_another_frame(df, batch_time):
+    other = df.sparkSession.range(0, 4, 1, 2).selectExpr("concat('other', id) AS key", "-1L AS count")
+    return [row for row in other.unionByName(df).collect() if row["count"] >= 0]
+
+
+@pytest.mark.parametrize("combine", [_coalesced, _coalesced_to_two, _after_another_frame],
+                         ids=["coalesce(1)", "coalesce(2)", "union after another frame"])
+def test_an_output_that_coalesces_or_unions_the_frame_runs_each_partition_as_itself(spark, tmp_path, combine):
+    """The output's job runs the operator's partitions under other task numbers: several in one
+    task (coalesce), or numbered after another frame's (union). Each partition still runs as
+    itself, once: every key's count is exact, and each key is in one state partition."""
+    seen: dict[int, list[tuple[str, int]]] = {}
+
+    def output(df, batch_time):
+        seen[batch_time] = sorted((r["key"], r["count"]) for r in combine(df, batch_time))
+
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(output, name="out"))
+    for info, batch in zip(recorder.completed, BATCHES, strict=True):
+        assert info.failure is None, info.failure
+        progress = info.state_operators["counts"]
+        assert (progress.input_rows, progress.keys_called) == (len(batch), len({k for k, _ in batch}))
+    assert seen[START + 2 * INTERVAL] == [(f"k{i}", EXPECTED[f"k{i}"]) for i in range(5)]
+    rows = read_state(spark, checkpoint, "counts").collect()
+    assert sorted((r["key"], r["count"]) for r in rows) == sorted(EXPECTED.items())  # each key once

@@ -272,13 +272,14 @@ def test_a_rerun_batch_shuffles_only_the_rows_of_the_partitions_it_reruns(spark,
     assert info.failure is None, info.failure
     progress = info.state_operators["counts"]
     assert progress.partitions_kept == RERUN_PARTITIONS - 1
-    # Into the state shuffle: the three rows of each user in user 13's partition, no others (the
-    # operator runs inside its only output's job: there is no count of its own).
+    # Into the state shuffle: the three rows of each user in user 13's partition, no others, and
+    # one marker row per state partition (the operator runs inside its only output's job: there
+    # is no count of its own).
     from pyspark.sql import functions as F
     users = spark.range(USERS).withColumnRenamed("id", "user")
     placed = users.select("user", F.pmod(F.hash("user"), F.lit(RERUN_PARTITIONS)).alias("p"))
     rerun = placed.where(f"p = {placed.where('user = 13').first()['p']}").count()
-    assert shuffled == [3 * rerun], (shuffled, rerun)
+    assert shuffled == [3 * rerun + RERUN_PARTITIONS], (shuffled, rerun)
     assert progress.input_rows == 3 * USERS  # the kept partitions' rows come from their finish records
     assert sorted((r["user"], r["count"]) for r in sink.batches[failed]) == [(u, 4) for u in range(USERS)]
     state = {r["user"]: r["count"] for r in read_state(spark, checkpoint, "counts").collect()}

@@ -8,6 +8,8 @@
   so these reach the tasks as a Spark local property of the job: the driver publishes
   ``{operator: params.to_json()}`` with ``with_batch_params`` and each task reads exactly its
   own entry with ``batch_params_from_property``.
+- ``MARKER_COLUMN``: which state partition a task runs comes with its rows, not from Spark's
+  task number.
 - ``Stats``: what a task counted, summed across tasks with ``Stats.merge``.
 - Errors: a task that fails because of the state function raises a ``TaskFailure`` whose text
   carries one ``TaskErrorPayload`` as JSON between two markers; Spark hands the driver that
@@ -37,6 +39,7 @@ __all__ = [
     "BATCH_PARAMS_PROPERTY",
     "BatchParams",
     "ErrorKind",
+    "MARKER_COLUMN",
     "OperatorSpec",
     "PartitionFacts",
     "StateFunctionError",
@@ -52,6 +55,10 @@ logger = logging.getLogger(__name__)
 
 BATCH_PARAMS_PROPERTY = "batchline.state.batch"
 """The Spark local property that carries each operator's ``BatchParams`` to its tasks."""
+MARKER_COLUMN = "__batchline_state_partition"
+"""The column of the operator's shuffled input that tells each task its state partition: one
+marker row per partition holds the partition's number, data rows hold null
+(``batchline.state.placement``)."""
 ERROR_START, ERROR_END = "<<batchline-state-error>>", "<<end-batchline-state-error>>"
 
 

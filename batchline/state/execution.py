@@ -36,6 +36,7 @@ from batchline.errors import ConfigurationError
 from batchline.state.collector import paused_collector
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
+    MARKER_COLUMN,
     BatchParams,
     ErrorKind,
     OperatorSpec,
@@ -130,7 +131,9 @@ def spark_task(spec: OperatorSpec, batch_time: int,
                 f"evaluates the DataFrame of batch {batch_time}; read a stateful operator's output only from "
                 "the output operations of its own batch"
             )
-        return run_partition(spec, params, batches, context.partitionId(), report)
+        # The partition comes from the input's marker row: Spark's task number is another
+        # partition's when an output coalesces or unions the operator's DataFrame.
+        return run_partition(spec, params, batches, None, report)
 
     return task
 
@@ -216,13 +219,29 @@ def _write_snapshot(spec: OperatorSpec, partition: int, data: PartitionData, bac
         write()
 
 
+def _without_markers(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, set[int]]:
+    """The batch's data rows without the marker column, and the partitions its marker rows name."""
+    index = batch.schema.get_field_index(MARKER_COLUMN)
+    if index < 0:
+        return batch, set()
+    markers = batch.column(index)
+    data = batch.remove_column(index)
+    if markers.null_count == len(markers):
+        return data, set()
+    return data.filter(pc.is_null(markers)), set(pc.drop_null(markers).to_pylist())
+
+
 def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch],
-             stats: Stats) -> dict[Any, list[tuple[Any, ...]]]:
-    """Rows by key, as named tuples; under event-time timeouts, rows at or before the watermark
-    are late (as Spark's ``eventTime <= watermark``): dropped and counted."""
+             stats: Stats) -> tuple[dict[Any, list[tuple[Any, ...]]], int | None]:
+    """Rows by key, as named tuples, and the state partition the input's marker row names;
+    under event-time timeouts, rows at or before the watermark are late (as Spark's
+    ``eventTime <= watermark``): dropped and counted."""
     groups: dict[Any, list[tuple[Any, ...]]] = {}
     make: Callable[[Iterable[Any]], tuple[Any, ...]] | None = None
-    for batch in batches:
+    named: set[int] = set()
+    for marked in batches:
+        batch, found = _without_markers(marked)
+        named |= found
         if batch.num_rows == 0:
             continue
         stats.rows += batch.num_rows
@@ -250,7 +269,10 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
                 groups[key] = [make(row)]
             else:
                 group.append(make(row))
-    return groups
+    if len(named) > 1:
+        raise ConfigurationError(f"one task got the marker rows of state partitions {sorted(named)}; this is a bug "
+                                 "in batchline: report it with the pipeline's description")
+    return groups, named.pop() if named else None
 
 
 def _row_maker(names: list[str]) -> Callable[[Iterable[Any]], tuple[Any, ...]]:
@@ -273,48 +295,55 @@ def _failure(spec: OperatorSpec, params: BatchParams, kind: ErrorKind, key: Any,
 _NO_KEY = object()
 
 
-def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int,
+def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int | None,
                   report: Callable[[Stats], None], *, cache: PartitionCache | None = None,
                   background_snapshots: bool = True) -> Iterator[pa.RecordBatch]:
     """Run one batch of one state partition: call the function, write the batch's delta, and
     yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
+    The partition is the one the input's marker row names (``MARKER_COLUMN``); ``partition``
+    is for input without markers (the state-function tester), and None requires a marker.
     Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
+    stats = Stats()
+    groups, marked = _grouped(spec, params, batches, stats)
+    if marked is None and partition is None:
+        raise ConfigurationError(
+            f"a task of operator {spec.operator!r} got no marker row naming its state partition in batch "
+            f"{params.batch_time}; this is a bug in batchline: report it with the pipeline's description. "
+            "Restart the pipeline: the batch runs again")
+    partition = marked if marked is not None else partition
+    assert partition is not None
     if params.skip or partition in params.finished_partitions or partition in params.idle_partitions:
         # Drained for good (its input has ended and it holds no timeout), or sitting this batch
         # out (no row, no timer due): nothing to load, call or write.
-        rows = sum(batch.num_rows for batch in batches)
-        if rows and partition in params.idle_partitions:
+        if stats.rows and partition in params.idle_partitions:
             raise ConfigurationError(
                 f"partition {partition} of operator {spec.operator!r} was to sit batch {params.batch_time} out "
-                f"(its input was known to be empty) but {rows} rows came; this is a bug in batchline: report it "
-                "with the pipeline's description. Restart the pipeline: the batch runs again")
+                f"(its input was known to be empty) but {stats.rows} rows came; this is a bug in batchline: report "
+                "it with the pipeline's description. Restart the pipeline: the batch runs again")
         report(Stats() if params.skip else Stats(partitions=1 << partition))
         return
     kept = _finished_output(spec, params, partition)
     if kept is not None:
         record, table = kept
-        for _ in batches:  # read to the end, as Spark's worker expects before it is reused
-            pass
         report(Stats.from_json(record.stats))
         yield from table.to_batches()
         return
     cache = WORKER_CACHE if cache is None else cache
     with paused_collector():  # state tuples form no cycles: see batchline.state.collector
         cached = _cached_partition(spec, params, partition, cache)
-        result = _run_loaded(spec, params, batches, partition, cached, report, background_snapshots)
+        result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
         # Only a batch that succeeded puts its partition back: no half-applied batch survives.
         cache.put(_cache_key(spec, partition), cached)
     if result.num_rows:
         yield result
 
 
-def _run_loaded(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int,
-                cached: _Cached, report: Callable[[Stats], None], background_snapshots: bool) -> pa.RecordBatch:
+def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[tuple[Any, ...]]], stats: Stats,
+                partition: int, cached: _Cached, report: Callable[[Stats], None],
+                background_snapshots: bool) -> pa.RecordBatch:
     """The batch over a loaded partition: call, write the delta, apply it, record the finish;
     returns the output rows."""
-    stats = Stats()
-    groups = _grouped(spec, params, batches, stats)
     outputs, delta = _call_function(spec, params, cached, groups, stats)
     delta_table = _delta_table(spec, params, delta)
     stats.delta_bytes = spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),

@@ -29,7 +29,6 @@ from typing import Any
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
-from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
@@ -56,6 +55,7 @@ from batchline.state.operator import (
     purge_old_versions,
     run_batch_job,
 )
+from batchline.state.placement import marker_frame, placement, shuffle_to_partitions
 from batchline.state.schema import RowSchema
 from batchline.state.store import OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
@@ -188,6 +188,8 @@ class StatefulRuntime(StreamRuntime):
         """Batches whose parameters were published and whose tasks run inside the output's job."""
         self._final_stats: dict[int, Stats] = {}
         """Per batch whose job ran: what its partitions reported, in all."""
+        self._markers: DataFrame | None = None
+        """One marker row per state partition, shuffled in with every batch's rows."""
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -347,14 +349,15 @@ class StatefulRuntime(StreamRuntime):
         )
         task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
         self._stats[batch_time] = stats
+        n = metadata.num_partitions
         kept = self._kept.get(batch_time)
         if kept:
-            # A re-run batch shuffles only the rows of the partitions it re-runs: the partition of a
-            # row is computed as Spark's hash partitioning does (Murmur3 of the keys, pmod n).
-            placement = F.pmod(F.hash(*node.key_names), F.lit(metadata.num_partitions))
-            df = df.where(~placement.isin(*sorted(kept)))
-        out = df.repartition(metadata.num_partitions, *node.key_names).mapInArrow(task, node.output_schema.struct)
-        return out.persist(StorageLevel.MEMORY_AND_DISK)
+            # A re-run batch shuffles only the rows of the partitions it re-runs.
+            df = df.where(~placement(node.key_names, n).isin(*sorted(kept)))
+        if self._markers is None:
+            self._markers = marker_frame(self.env.spark, n)
+        shuffled = shuffle_to_partitions(df, self._markers, node.key_names, n)
+        return shuffled.mapInArrow(task, node.output_schema.struct).persist(StorageLevel.MEMORY_AND_DISK)
 
     def release(self, batch_time: int, df: DataFrame) -> None:
         df.unpersist()
@@ -599,20 +602,15 @@ class StatefulRuntime(StreamRuntime):
         stats = self._final_stats[batch_time]
         if not self._all_reported(stats):
             del self._ran[batch_time]
-            ran = [p for p in range(stats.partitions.bit_length()) if stats.partitions >> p & 1]
+            ran = [p for p in range(self.num_partitions) if stats.partitions >> p & 1]
             missing = sorted(set(range(self.num_partitions)) - set(ran))
-            beyond = [p for p in ran if p >= self.num_partitions]
             if self.metadata is not None:
-                # Tasks under the wrong numbers recorded other partitions' work as finished: a
-                # restart must not keep it.
+                # After a restart the batch runs again, and no partition keeps what it recorded.
                 self._checkpoint.events.forget_finished(batch_time, self.name, self.metadata.generation,
-                                                        max(self.num_partitions, stats.partitions.bit_length()))
+                                                        self.num_partitions)
             raise ConfigurationError(
-                f"operator {self.name!r} has {self.num_partitions} state partitions, but its tasks ran as partitions "
-                f"{ran} (missing {missing}" + (f", beyond the last: {beyond}" if beyond else "") + "): state "
-                "partitions must keep their identity. Either something changed the shuffle (adaptive execution), "
-                "or the output that reads the operator ran its partitions under other numbers in one Spark stage: "
-                "a coalesce() runs several in one task, a union after another frame numbers them after that "
-                "frame's. In foreach_batch, read the operator's DataFrame first as it is (e.g. df.persist() and "
-                "df.count()), then coalesce or combine it"
+                f"operator {self.name!r} has {self.num_partitions} state partitions, but its tasks ran partitions "
+                f"{ran} (missing {missing}): state partitions must keep their identity. Something changed the "
+                "operator's shuffle: adaptive execution must stay off while the pipeline runs (batchline turns it "
+                "off at start; check that nothing turns it on again)"
             )

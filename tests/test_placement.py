@@ -1,0 +1,45 @@
+"""A stateful operator's shuffle with marker rows puts every row exactly where Spark's
+``repartition(n, keys)`` puts it (state partitions keep their identity across releases), and
+gives every partition one marker row naming it."""
+
+import pytest
+from pyspark.sql import functions as F
+
+from batchline.state.contract import MARKER_COLUMN
+from batchline.state.placement import marker_frame, route_values, shuffle_to_partitions, spark_hash_int
+
+
+def test_hash_of_an_int_is_spark_s(spark):
+    values = [0, 1, -1, 7, 42, 2**31 - 1, -(2**31), 123_456_789, -987_654]
+    frame = spark.createDataFrame([(v,) for v in values], "v int").select("v", F.hash("v").alias("h"))
+    assert {r["v"]: r["h"] for r in frame.collect()} == {v: spark_hash_int(v) for v in values}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 8, 200])
+def test_each_route_value_lands_in_its_partition(n):
+    routes = route_values(n)
+    assert [spark_hash_int(v) % n for v in routes] == list(range(n))
+
+
+KEYS = {
+    "one string key": ("key string, value long", ["key"],
+                       [(f"user-{i}" if i % 17 else None, i) for i in range(400)]),
+    "one long key": ("key long, value long", ["key"], [(i * 7919 - 50_000, i) for i in range(400)]),
+    "two keys": ("a string, b int, value long", ["a", "b"], [(f"a{i % 13}", i % 11, i) for i in range(400)]),
+}
+
+
+@pytest.mark.parametrize("n", [1, 3, 8])
+@pytest.mark.parametrize("case", sorted(KEYS))
+def test_rows_go_where_repartition_by_keys_sends_them_and_each_partition_gets_its_marker(spark, case, n):
+    schema, keys, rows = KEYS[case]
+    df = spark.createDataFrame(rows, schema)
+    expected = {tuple(r[:-1]): r[-1] for r in
+                df.repartition(n, *keys).select("value", *keys, F.spark_partition_id()).collect()}
+    shuffled = shuffle_to_partitions(df, marker_frame(spark, n), keys, n).select(
+        "value", *keys, MARKER_COLUMN, F.spark_partition_id().alias("pid")).collect()
+    data = [r for r in shuffled if r[MARKER_COLUMN] is None]
+    assert {(r["value"], *(r[k] for k in keys)): r["pid"] for r in data} == expected
+    assert len(data) == len(rows)
+    assert sorted((r[MARKER_COLUMN], r["pid"]) for r in shuffled if r[MARKER_COLUMN] is not None) == [
+        (p, p) for p in range(n)]
