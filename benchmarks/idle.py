@@ -14,7 +14,8 @@ a processing-time timeout of ``--timeout`` seconds, and nothing more arrives.
 Measured, after the first batch and ``--warmup`` seconds: the CPU of the engine's whole
 process tree (driver, JVM, Python workers) over ``--idle`` seconds, in % of one core; then how
 long after its deadline, by the wall clock, each engine emitted the timed-out sessions, and
-in which batch (its time after the deadline: both fire in the first batch strictly after it).
+in which batch (its time after the deadline: batchline fires processing-time timers in the batch at
+the deadline, Structured Streaming in the first batch whose trigger timestamp is strictly after it).
 
     python -m benchmarks.idle [--keys 900] [--idle 60] [--warmup 10] [--timeout 90]
 """

@@ -159,9 +159,9 @@ def test_remove_after_set_timeout_keeps_the_timer_and_calls_again_without_state(
     tester.advance_processing_time(1000)
     assert tester.process([{"key": "a"}]) == [{"key": "a", "what": "removed, timer kept"}]
     assert tester.state("a") is None and tester.keys() == [] and tester.timeout_of("a") == 16_000
-    tester.advance_processing_time(5000)  # 16 s: at the deadline, not yet past it
+    tester.advance_processing_time(4999)  # 1 ms before the deadline
     assert tester.process() == []
-    tester.advance_processing_time(1)
+    tester.advance_processing_time(1)  # 16 s: at the deadline
     assert tester.process() == [{"key": "a", "what": "timed out, exists=False"}]
     assert tester.timeout_of("a") is None and tester.last_stats.state_keys == 0
 
@@ -204,7 +204,7 @@ def test_a_timer_without_state_survives_the_store_and_a_restart_on_spark(spark, 
     p = Pipeline(spark, tmp_path, timer_then_callback, state_schema=Seen, output_schema="key string, what string",
                  timeout=GroupStateTimeout.PROCESSING_TIME, num_partitions=2, start_ms=p.batch_time).start()
     try:
-        while p.batch_time + 1000 <= deadline:  # at the deadline, not yet past it
+        while p.batch_time + 1000 < deadline:  # before the deadline
             assert p.batch() == []
         assert p.batch() == [{"key": "a", "what": "timed out, exists=False"}]
         assert p.info().state_operators["op"].state_keys == 1  # b

@@ -15,7 +15,7 @@ KEYS = [f"k{i}" for i in range(12)]
 
 
 def closing_sessions(key, rows, state):
-    """Counts a key's rows; three seconds of processing time after its last row, emits the count
+    """Counts a key's rows; four seconds of processing time after its last row, emits the count
     with the batch that closed it and forgets the key."""
     if state.has_timed_out:
         count = state.get()[0]
@@ -24,7 +24,7 @@ def closing_sessions(key, rows, state):
         return
     count = (state.get()[0] if state.exists else 0) + sum(1 for _ in rows)
     state.update((count,))
-    state.set_timeout_duration("3 seconds")
+    state.set_timeout_duration("4 seconds")
 
 
 def items():

@@ -306,12 +306,12 @@ def test_run_partition_carries_state_over_times_out_and_removes_keys(store):
     assert out == [("a", 2), ("b", 0)]
     assert (stats.removed, stats.state_keys) == (1, 2)
 
-    # 3000 ms: no data; c's deadline (3000) is not strictly before the batch time.
+    # 3000 ms: no data; a processing-time timer fires at its deadline: c's (3000), not a's (4000).
     out, stats = worker.run(BatchParams(3000, 2000, 1, None), [])
-    assert out == [] and stats.timed_out == 0
-    out, stats = worker.run(BatchParams(4000, 3000, 1, None), [])  # c's deadline passed, a's (4000) not
     assert out == [("c", -1)] and (stats.timed_out, stats.state_keys) == (1, 1)
-    assert load(store, 4000) == {"a": (Count(2, 5), 4000)}
+    out, stats = worker.run(BatchParams(3999, 3000, 1, None), [])  # 1 ms before a's deadline
+    assert out == [] and stats.timed_out == 0
+    assert load(store, 3999) == {"a": (Count(2, 5), 4000)}
 
 
 def test_another_worker_catches_up_from_the_store_and_a_new_driver_reloads(store):

@@ -60,13 +60,13 @@ def test_processing_time_timeouts_fire_as_the_clock_moves():
     assert tester.timeout_of("a") == 103_000
     tester.advance_processing_time("1 second")
     assert tester.process(rows(("b", 1))) == []  # 102 000: b's deadline moves to 104 000
-    tester.advance_processing_time(1000)  # milliseconds, as set_timeout_duration reads an int
-    assert tester.process() == []  # 103 000: a's deadline is not yet past
-    tester.advance_processing_time(dt.timedelta(seconds=1))
-    assert tester.process() == [{"key": "a", "count": 1}]  # 104 000: no input at all, a times out
+    tester.advance_processing_time(999)  # milliseconds, as set_timeout_duration reads an int
+    assert tester.process() == []  # 102 999: a's deadline is not yet reached
+    tester.advance_processing_time(dt.timedelta(milliseconds=1))
+    assert tester.process() == [{"key": "a", "count": 1}]  # 103 000: no input at all, a times out at its deadline
     assert tester.last_stats.timed_out == 1 and tester.keys() == ["b"]
-    tester.set_processing_time(dt.datetime(1970, 1, 1, 0, 1, 45))  # noqa: DTZ001 - naive is UTC
-    assert tester.processing_time_ms == 105_000
+    tester.set_processing_time(dt.datetime(1970, 1, 1, 0, 1, 44))  # noqa: DTZ001 - naive is UTC
+    assert tester.processing_time_ms == 104_000
     assert tester.process() == [{"key": "b", "count": 2}]
     assert tester.keys() == []
     with pytest.raises(ConfigurationError, match="only moves forward"):

@@ -29,7 +29,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
 
-from batchline.batch_time import END_OF_TIME_MS
 from batchline.checkpoint.events import PartitionFinished
 from batchline.checkpoint.lease import check_token
 from batchline.errors import ConfigurationError
@@ -48,7 +47,7 @@ from batchline.state.contract import (
     batch_params_from_property,
 )
 from batchline.state.entries import StateEntries, give_memory_back
-from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout
+from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout, last_due
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
     DELTA,
@@ -414,11 +413,8 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
     cached entries stay untouched: changes are collected in the returned delta."""
     timeout = spec.timeout
     batch_time = params.batch_time
-    threshold = (None if timeout is GroupStateTimeout.NO_TIMEOUT
-                 else END_OF_TIME_MS if params.end_of_input
-                 else batch_time if timeout is GroupStateTimeout.PROCESSING_TIME else params.watermark_ms)
-    # Strictly before the threshold, as in Spark.
-    due = cached.data.entries.due(threshold - 1) if threshold is not None else []
+    last = last_due(timeout, batch_time, params.watermark_ms, params.end_of_input)
+    due = cached.data.entries.due(last) if last is not None else []
     initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
     # Every key the batch calls, looked up at once.
     entries = cached.data.entries.get_many(itertools.chain(groups, initial, (key for key, _ in due)))

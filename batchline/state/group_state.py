@@ -15,11 +15,11 @@ import math
 import numbers
 from typing import Generic, TypeVar
 
-from batchline.batch_time import format_batch_time
+from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.durations import parse_duration_ms
 from batchline.errors import BatchlineError, ConfigurationError
 
-__all__ = ["GroupState", "GroupStateTimeout", "NoStateError", "TimeoutNotEnabledError", "NO_TIMESTAMP"]
+__all__ = ["GroupState", "GroupStateTimeout", "NoStateError", "TimeoutNotEnabledError", "NO_TIMESTAMP", "last_due"]
 
 S = TypeVar("S")
 NO_TIMESTAMP = -1
@@ -35,6 +35,26 @@ class GroupStateTimeout(enum.Enum):
     NO_TIMEOUT = "no_timeout"
     PROCESSING_TIME = "processing_time"
     EVENT_TIME = "event_time"
+
+
+def last_due(timeout: GroupStateTimeout, batch_time: int, watermark_ms: int | None, end_of_input: bool) -> int | None:
+    """The latest deadline that fires in a batch; None when no timer can fire.
+
+    - Processing time: a deadline at or before the batch time. Batch times sit on the
+      interval's grid, and so do deadlines set from them, so the batch at a deadline is the
+      first to start once the deadline has passed on the wall clock. Spark fires strictly
+      before the trigger's timestamp, which lands a few ms after the grid: the same batch,
+      or one interval later when the opening batch's timestamp landed later than this one's.
+    - Event time: strictly before the watermark, as in Spark.
+    - At the inputs' end (a bounded pipeline's drain): every timer.
+    """
+    if timeout is GroupStateTimeout.NO_TIMEOUT:
+        return None
+    if end_of_input:
+        return END_OF_TIME_MS
+    if timeout is GroupStateTimeout.PROCESSING_TIME:
+        return batch_time
+    return None if watermark_ms is None else watermark_ms - 1
 
 
 class NoStateError(BatchlineError, LookupError, ValueError):

@@ -47,7 +47,7 @@ from batchline.state.contract import (
     missing_params_error,
 )
 from batchline.state.frames import write_state_frame
-from batchline.state.group_state import GroupStateTimeout
+from batchline.state.group_state import GroupStateTimeout, last_due
 from batchline.state.operator import (
     operator_progress,
     operator_task,
@@ -546,19 +546,17 @@ class StatefulRuntime(StreamRuntime):
         """Which partitions the batch must run: None for all (rows came, or the driver does
         not know every partition's timers, or the batch is special: the inputs' end, a re-run
         after a crash); else those whose earliest timer is due, as ``_call_function`` fires
-        them (strictly before the batch time, or before the watermark). Empty: skip the batch."""
+        them (``last_due``). Empty: skip the batch."""
         if (self._facts is None or ending or self.parents[0].has_rows(batch_time)
                 or batch_time in self._kept or batch_time in self._rerun_whole):
             return None
         if self.metadata is not None and self._facts_generation not in (None, self.metadata.generation):
             return None  # the state was rescaled or rewritten offline since: its timers are not known
-        timeout = self.node.timeout
-        threshold = (batch_time if timeout is GroupStateTimeout.PROCESSING_TIME
-                     else watermark_ms if timeout is GroupStateTimeout.EVENT_TIME else None)
-        if threshold is None:
+        last = last_due(self.node.timeout, batch_time, watermark_ms, False)
+        if last is None:
             return frozenset()
         return frozenset(p for p, f in self._facts.items()
-                         if f.next_timer_ms is not None and f.next_timer_ms < threshold and p not in self._drained)
+                         if f.next_timer_ms is not None and f.next_timer_ms <= last and p not in self._drained)
 
     def _facts_after(self, ran: frozenset[int], stats: Stats) -> dict[int, PartitionFacts] | None:
         """The driver's view once the batch is committed: the partitions that ran as they
