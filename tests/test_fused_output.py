@@ -37,7 +37,7 @@ class _AdvanceOnRetry(StreamingListener):
         self.clock.advance(10_000)
 
 
-def run(spark, tmp_path, build_outputs, batches=BATCHES, **context):
+def run(spark, tmp_path, build_outputs, batches=BATCHES, fn=count_rows, **context):
     """``len(batches)`` batches of the running count, outputs built by ``build_outputs(stream)``;
     returns the recorder, the context and the checkpoint."""
     checkpoint = str(tmp_path / "checkpoint")
@@ -47,7 +47,7 @@ def run(spark, tmp_path, build_outputs, batches=BATCHES, **context):
     ssc.add_listener(recorder)
     ssc.add_listener(_AdvanceOnRetry(clock))
     counts = list_stream(ssc, batches, "key string, n long").group_by_key("key").flat_map_groups_with_state(
-        count_rows, state_schema="count long", output_schema="key string, count long", name="counts",
+        fn, state_schema="count long", output_schema="key string, count long", name="counts",
         num_partitions=PARTITIONS)
     build_outputs(counts)
     ssc.start()
@@ -194,11 +194,21 @@ def test_an_output_that_coalesces_or_unions_the_frame_runs_each_partition_as_its
     task (coalesce), or numbered after another frame's (union). Each partition still runs as
     itself, once: every key's count is exact, and each key is in one state partition."""
     seen: dict[int, list[tuple[str, int]]] = {}
+    calls = tmp_path / "calls"
+    calls.mkdir()
 
     def output(df, batch_time):
         seen[batch_time] = sorted((r["key"], r["count"]) for r in combine(df, batch_time))
 
-    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(output, name="out"))
+    def counting_where_it_runs(key, rows, state):
+        from pyspark import TaskContext
+
+        with open(calls / f"{os.getpid()}-{threading.get_ident()}", "a") as log:
+            log.write(f"{key} {TaskContext.get().partitionId()}\n")
+        yield from count_rows(key, rows, state)
+
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(output, name="out"),
+                                  fn=counting_where_it_runs)
     for info, batch in zip(recorder.completed, BATCHES, strict=True):
         assert info.failure is None, info.failure
         progress = info.state_operators["counts"]
@@ -206,3 +216,9 @@ def test_an_output_that_coalesces_or_unions_the_frame_runs_each_partition_as_its
     assert seen[START + 2 * INTERVAL] == [(f"k{i}", EXPECTED[f"k{i}"]) for i in range(5)]
     rows = read_state(spark, checkpoint, "counts").collect()
     assert sorted((r["key"], r["count"]) for r in rows) == sorted(EXPECTED.items())  # each key once
+    # The case under test happened: some key's function ran in a task numbered other than its partition.
+    values = ", ".join(f"('{k}')" for k in EXPECTED)
+    placed = {r["key"]: r["p"] for r in spark.sql(
+        f"SELECT key, pmod(hash(key), {PARTITIONS}) AS p FROM VALUES {values} AS t(key)").collect()}
+    ran_in = [line.split() for f in calls.iterdir() for line in f.read_text().splitlines()]
+    assert any(int(task) != placed[key] for key, task in ran_in), ran_in

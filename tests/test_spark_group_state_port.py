@@ -683,16 +683,16 @@ def test_initial_state_with_processing_time_timeout():
     differs: a processing-time timer fires in the batch at its deadline (README, "Timeouts and the
     watermark"), so a and c time out in the no-data batch at 11 s, where Spark's fires them in
     that batch or the next (its trigger timestamps land a few ms after the grid); Spark's check
-    after the batch at 12 s reads both batches' rows. Keys with data come first, then timed-out
-    keys (a and c, due at the same time)."""
+    after the batch at 12 s reads both batches' rows."""
     tester = counter(count_with_ten_second_timeout, PT, processing_time=1000, initial_state={"c": (2,)},
                      event_time_column="timestamp", watermark_delay="10 second")
     assert tester.timeout_of("c") is None
     assert tester.process([{"key": "a", "timestamp": at(1)}]) == out(("a", "1"), ("c", "2"))
     assert (tester.timeout_of("a"), tester.timeout_of("c")) == (11000, 11000)
-    timed_out, _, _ = run(tester, at_ms=11000)
-    assert by_key(timed_out) == out(("a", "-1"), ("c", "-1"))
-    assert run(tester, [{"key": "b", "timestamp": at(1)}], at_ms=12000)[0] == out(("b", "1"))
+    timed_out, state_keys, updated = run(tester, at_ms=11000)
+    assert (by_key(timed_out), state_keys, updated) == (out(("a", "-1"), ("c", "-1")), 0, 0)
+    assert tester.last_stats.removed == 2
+    assert run(tester, [{"key": "b", "timestamp": at(1)}], at_ms=12000) == (out(("b", "1")), 1, 1)
     assert tester.keys() == ["b"]
 
 

@@ -2,6 +2,7 @@
 ``run_partition`` driven without Spark over each of them."""
 
 import dataclasses
+import datetime as dt
 import itertools
 import pickle
 
@@ -14,6 +15,7 @@ from batchline.errors import BatchlineError, ConfigurationError
 from batchline.state import GroupStateTimeout, StateFunctionError, StateVersionError
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
+    MARKER_COLUMN,
     BatchParams,
     ErrorKind,
     OperatorSpec,
@@ -312,6 +314,59 @@ def test_run_partition_carries_state_over_times_out_and_removes_keys(store):
     out, stats = worker.run(BatchParams(3999, 3000, 1, None), [])  # 1 ms before a's deadline
     assert out == [] and stats.timed_out == 0
     assert load(store, 3999) == {"a": (Count(2, 5), 4000)}
+
+
+def marked(rows, *partitions, at=0):
+    """``rows`` as the shuffle hands them to a task: with the marker rows of ``partitions`` at ``at``."""
+    records = [{"key": k, "value": v, "ts": ts, MARKER_COLUMN: None} for k, v, ts in
+               (row if len(row) == 3 else (*row, None) for row in rows)]
+    records[at:at] = [{"key": None, "value": None, "ts": None, MARKER_COLUMN: p} for p in partitions]
+    return pa.RecordBatch.from_pylist(records, schema=INPUT.append(pa.field(MARKER_COLUMN, pa.int32())))
+
+
+def run_marked(spec, params, batches, cache, partition=None):
+    reported = []
+    out = list(run_partition(spec, params, batches, partition, reported.append, cache=cache,
+                             background_snapshots=False))
+    return sorted(r for b in out for r in zip(*(c.to_pylist() for c in b.columns), strict=True)), reported[0]
+
+
+def test_a_task_runs_the_partition_its_marker_names_whatever_its_task_number():
+    """An output that coalesces the operator's frame runs several partitions in one task, under
+    one task number: each runs as the partition its marker row names."""
+    store, cache = MemoryStateStore("op"), PartitionCache()
+    spec = spec_for(store, sessions)
+    params = BatchParams(1000, None, 1, None)
+    out, stats = run_marked(spec, params, [marked([("a", 1), ("b", 2)], 2, at=1)], cache, partition=0)
+    assert out == [("a", 1), ("b", 1)] and (stats.rows, stats.partitions) == (2, 1 << 2)
+    out, stats = run_marked(spec, params, [marked([], 0)], cache, partition=0)  # partition 0, no rows
+    assert out == [] and (stats.rows, stats.partitions) == (0, 1 << 0)
+    out, stats = run_marked(spec, params, [marked([("c", 1)], 1, at=1)], cache, partition=0)
+    assert out == [("c", 1)] and stats.partitions == 1 << 1
+    assert [set(store.list_versions(0, p)) for p in range(3)] == [{1000}, {1000}, {1000}]
+    assert {k for k, _ in load_partition(store, STATE, True, 0, 2, 1000).entries.items()} == {"a", "b"}
+    assert {k for k, _ in load_partition(store, STATE, True, 0, 0, 1000).entries.items()} == set()
+
+
+def test_a_task_without_its_marker_or_with_two_is_refused():
+    store, cache = MemoryStateStore("op"), PartitionCache()
+    spec, params = spec_for(store, sessions), BatchParams(1000, None, 1, None)
+    with pytest.raises(ConfigurationError, match="no marker row"):
+        run_marked(spec, params, [arrow_batch([("a", 1)])], cache)
+    with pytest.raises(ConfigurationError, match=r"marker rows of state partitions \[1, 2\]"):
+        run_marked(spec, params, [marked([("a", 1)], 1), marked([], 2)], cache)
+    assert store.list_versions(0, 1) == {} and store.list_versions(0, 2) == {}
+
+
+def test_a_marker_row_is_no_row_for_an_idle_partition_nor_for_the_watermark():
+    store, cache = MemoryStateStore("op"), PartitionCache()
+    idle = BatchParams(1000, None, 1, None, idle_partitions=(1,))
+    assert run_marked(spec_for(store, sessions), idle, [marked([], 1)], cache) == ([], Stats(partitions=1 << 1))
+    spec = dataclasses.replace(spec_for(store, running_count, GroupStateTimeout.EVENT_TIME), event_time_column="ts")
+    late, on_time = dt.datetime(1970, 1, 1, 0, 0, 5, tzinfo=dt.UTC), dt.datetime(1970, 1, 1, 0, 1, tzinfo=dt.UTC)
+    out, stats = run_marked(spec, BatchParams(2000, None, 1, 10_000), [marked([("a", 1, late), ("b", 1, on_time)], 0,
+                                                                              at=1)], cache)
+    assert out == [("b", 1)] and (stats.rows, stats.late_rows, stats.max_event_time_ms) == (2, 1, 60_000)
 
 
 def test_another_worker_catches_up_from_the_store_and_a_new_driver_reloads(store):

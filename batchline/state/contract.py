@@ -113,7 +113,7 @@ class BatchParams:
     partitions whose timers are due): their tasks do nothing and write no version."""
     skip: bool = False
     """The operator does nothing in this batch (it skipped it, or it finished before): every
-    task gives no row, whatever its partition id (a union downstream numbers tasks on)."""
+    task gives no row, whatever partition its marker names."""
     behind: Mapping[int, int | None] = field(default_factory=dict)
     """Partitions whose newest version is older than ``prev_version`` because they sat batches
     out: partition to that version (None: the newest below this batch, after a restart)."""

@@ -303,6 +303,16 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     The partition is the one the input's marker row names (``MARKER_COLUMN``); ``partition``
     is for input without markers (the state-function tester), and None requires a marker.
     Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
+    with paused_collector():  # state tuples form no cycles: see batchline.state.collector
+        output = _run_marked(spec, params, batches, partition, report, cache, background_snapshots)
+    if output is not None:
+        yield from output.to_batches() if isinstance(output, pa.Table) else [output]
+
+
+def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int | None,
+                report: Callable[[Stats], None], cache: PartitionCache | None,
+                background_snapshots: bool) -> pa.Table | pa.RecordBatch | None:
+    """``run_partition``'s work: its output, or None when it has none."""
     stats = Stats()
     groups, marked = _grouped(spec, params, batches, stats)
     if marked is None and partition is None:
@@ -321,21 +331,18 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
                 f"(its input was known to be empty) but {stats.rows} rows came; this is a bug in batchline: report "
                 "it with the pipeline's description. Restart the pipeline: the batch runs again")
         report(Stats() if params.skip else Stats(partitions=1 << partition))
-        return
+        return None
     kept = _finished_output(spec, params, partition)
     if kept is not None:
         record, table = kept
         report(Stats.from_json(record.stats))
-        yield from table.to_batches()
-        return
+        return table
     cache = WORKER_CACHE if cache is None else cache
-    with paused_collector():  # state tuples form no cycles: see batchline.state.collector
-        cached = _cached_partition(spec, params, partition, cache)
-        result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
-        # Only a batch that succeeded puts its partition back: no half-applied batch survives.
-        cache.put(_cache_key(spec, partition), cached)
-    if result.num_rows:
-        yield result
+    cached = _cached_partition(spec, params, partition, cache)
+    result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
+    # Only a batch that succeeded puts its partition back: no half-applied batch survives.
+    cache.put(_cache_key(spec, partition), cached)
+    return result if result.num_rows else None
 
 
 def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[tuple[Any, ...]]], stats: Stats,

@@ -24,6 +24,7 @@ from functools import lru_cache
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from batchline.errors import ConfigurationError
 from batchline.state.contract import MARKER_COLUMN
 
 __all__ = ["marker_frame", "placement", "route_values", "shuffle_to_partitions", "spark_hash_int"]
@@ -78,8 +79,13 @@ def marker_frame(spark: SparkSession, num_partitions: int) -> DataFrame:
 def shuffle_to_partitions(df: DataFrame, markers: DataFrame, key_names: Sequence[str],
                           num_partitions: int) -> DataFrame:
     """``df`` shuffled into the state partitions as ``repartition(num_partitions, *keys)`` does,
-    with ``markers`` (``marker_frame``) added: each partition gets its marker row."""
+    with ``markers`` (``marker_frame``) added: each partition gets its marker row. Combined by
+    position, not by name, so a frame with two columns of one name goes through as before."""
+    if MARKER_COLUMN in df.columns:
+        raise ConfigurationError(f"the input of a stateful operator has a column named {MARKER_COLUMN!r}, the "
+                                 "name batchline marks state partitions with; rename that column before grouping")
+    data = df.select("*", F.lit(None).cast("int").alias(MARKER_COLUMN))
+    typed = markers.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields], MARKER_COLUMN)
     target = F.coalesce(F.col(MARKER_COLUMN), placement(key_names, num_partitions))
     stand_ins = F.array(*[F.lit(v) for v in route_values(num_partitions)])
-    return (df.unionByName(markers, allowMissingColumns=True)
-            .repartition(num_partitions, F.element_at(stand_ins, target + 1)))
+    return data.union(typed).repartition(num_partitions, F.element_at(stand_ins, target + 1))

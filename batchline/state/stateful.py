@@ -188,8 +188,6 @@ class StatefulRuntime(StreamRuntime):
         """Batches whose parameters were published and whose tasks run inside the output's job."""
         self._final_stats: dict[int, Stats] = {}
         """Per batch whose job ran: what its partitions reported, in all."""
-        self._markers: DataFrame | None = None
-        """One marker row per state partition, shuffled in with every batch's rows."""
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -354,9 +352,7 @@ class StatefulRuntime(StreamRuntime):
         if kept:
             # A re-run batch shuffles only the rows of the partitions it re-runs.
             df = df.where(~placement(node.key_names, n).isin(*sorted(kept)))
-        if self._markers is None:
-            self._markers = marker_frame(self.env.spark, n)
-        shuffled = shuffle_to_partitions(df, self._markers, node.key_names, n)
+        shuffled = shuffle_to_partitions(df, marker_frame(self.env.spark, n), node.key_names, n)
         return shuffled.mapInArrow(task, node.output_schema.struct).persist(StorageLevel.MEMORY_AND_DISK)
 
     def release(self, batch_time: int, df: DataFrame) -> None:
