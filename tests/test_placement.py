@@ -43,3 +43,13 @@ def test_rows_go_where_repartition_by_keys_sends_them_and_each_partition_gets_it
     assert len(data) == len(rows)
     assert sorted((r[MARKER_COLUMN], r["pid"]) for r in shuffled if r[MARKER_COLUMN] is not None) == [
         (p, p) for p in range(n)]
+
+
+def test_a_frame_with_two_columns_of_one_name_is_shuffled_and_the_marker_s_name_is_refused(spark):
+    from batchline.errors import ConfigurationError
+
+    df = spark.createDataFrame([("a", 1, 2), ("b", 3, 4)], "key string, v long, w long").toDF("key", "v", "v")
+    shuffled = shuffle_to_partitions(df, marker_frame(spark, 2), ["key"], 2).collect()
+    assert sorted(tuple(r) for r in shuffled if r[MARKER_COLUMN] is None) == [("a", 1, 2, None), ("b", 3, 4, None)]
+    with pytest.raises(ConfigurationError, match="rename that column"):
+        shuffle_to_partitions(df.withColumn(MARKER_COLUMN, F.lit(1)), marker_frame(spark, 2), ["key"], 2)

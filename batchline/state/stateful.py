@@ -4,9 +4,11 @@
 name, partitions); ``StatefulRuntime`` is what it becomes when the pipeline starts: its
 stored metadata, the version the next batch builds on, the batches' statistics.
 
-Each batch the operator shuffles its input into ``num_partitions`` state partitions with
-``repartition(n, keys)`` (a shuffle by number, which adaptive execution never coalesces;
-the task count is checked every batch) and runs the state function in ``mapInArrow``. Its
+Each batch the operator shuffles its input into ``num_partitions`` state partitions as
+``repartition(n, keys)`` places rows (a shuffle by number, which adaptive execution never
+coalesces), with one marker row per partition that tells its task which partition it runs
+(``batchline.state.placement``), and runs the state function in ``mapInArrow``; the
+partitions that reported are checked every batch. Its
 job caches the output, so outputs that read it never run the function twice, and collects
 the batch's statistics. An operator read by one output only, directly, runs no job of its
 own: its job publishes the batch's parameters, the output's job runs the tasks, and a
