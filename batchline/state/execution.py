@@ -306,12 +306,12 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     with paused_collector():  # state tuples form no cycles: see batchline.state.collector
         output = _run_marked(spec, params, batches, partition, report, cache, background_snapshots)
     if output is not None:
-        yield from output.to_batches() if isinstance(output, pa.Table) else [output]
+        yield from output.to_batches()
 
 
 def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int | None,
                 report: Callable[[Stats], None], cache: PartitionCache | None,
-                background_snapshots: bool) -> pa.Table | pa.RecordBatch | None:
+                background_snapshots: bool) -> pa.Table | None:
     """``run_partition``'s work: its output, or None when it has none."""
     stats = Stats()
     groups, marked = _grouped(spec, params, batches, stats)
@@ -342,7 +342,7 @@ def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
     result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
     # Only a batch that succeeded puts its partition back: no half-applied batch survives.
     cache.put(_cache_key(spec, partition), cached)
-    return result if result.num_rows else None
+    return pa.Table.from_batches([result]) if result.num_rows else None
 
 
 def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[tuple[Any, ...]]], stats: Stats,

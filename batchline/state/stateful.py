@@ -8,15 +8,15 @@ Each batch the operator shuffles its input into ``num_partitions`` state partiti
 ``repartition(n, keys)`` places rows (a shuffle by number, which adaptive execution never
 coalesces), with one marker row per partition that tells its task which partition it runs
 (``batchline.state.placement``), and runs the state function in ``mapInArrow``; the
-partitions that reported are checked every batch. Its
-job caches the output, so outputs that read it never run the function twice, and collects
-the batch's statistics. An operator read by one output only, directly, runs no job of its
-own: its job publishes the batch's parameters, the output's job runs the tasks, and a
-completion job after it takes on their statistics (running any partition the output did
-not evaluate). What is static reaches the tasks as an ``OperatorSpec`` in the task
-closure; what depends on the previous batch (the version to build on, the watermark) as
-``BatchParams`` in a Spark local property of the job, because the batch's DataFrame is built
-before the previous batch has finished (``batchline.state.contract``).
+partitions that reported are checked every batch. Its job caches the output, so outputs
+that read it never run the function twice, and collects the batch's statistics. An
+operator read by one output only, directly, runs no job of its own: its job publishes the
+batch's parameters, the output's job runs the tasks, and a completion job after it takes on
+their statistics (running any partition the output did not evaluate). What is static
+reaches the tasks as an ``OperatorSpec`` in the task closure; what depends on the previous
+batch (the version to build on, the watermark) as ``BatchParams`` in a Spark local property
+of the job, because the batch's DataFrame is built before the previous batch has finished
+(``batchline.state.contract``).
 """
 
 from __future__ import annotations
