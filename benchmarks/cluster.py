@@ -1,5 +1,5 @@
-"""Issue 17's two rows on a real standalone cluster (``tests.cluster.StandaloneCluster``: a
-master and two one-core workers) with the tests' S3 endpoint (``tests.servers.S3Server``):
+"""Issue 17's two rows on a real standalone cluster (``harness.cluster.StandaloneCluster``: a
+master and two one-core workers) with the tests' S3 endpoint (``harness.servers.S3Server``):
 
 A. Restart after kill -9 to the first batch with new rows (``benchmarks.checkpoint_restart``'s
    drivers and timing, on the cluster): batchline with its checkpoint and output on the S3
@@ -36,8 +36,8 @@ from typing import Any
 
 from benchmarks.checkpoint_restart import Restart, restart_time
 from benchmarks.machine import write_result
-from tests.cluster import StandaloneCluster
-from tests.servers import S3Server
+from harness.cluster import StandaloneCluster
+from harness.servers import S3Server
 
 RESTARTS = {
     "batchline": ("batchline", "s3"),
@@ -140,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     # The drivers, the cluster's JVMs and their executors inherit it: loopback only.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    # Case B's driver imports the tests' pipeline (tests.cluster_driver): the executors unpickle
+    # Case B's driver imports the tests' pipeline (harness.numbering): the executors unpickle
     # its functions by module, so they need the repository on their path too.
     root = str(Path(__file__).resolve().parent.parent)
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)

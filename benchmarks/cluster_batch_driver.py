@@ -10,7 +10,7 @@ Each round runs, on one SparkSession on the standalone master, after a warm-up r
   generator events from ``range`` on 2 partitions, ``repartition(3, id)``, a ``mapInArrow``
   that numbers each user's events in index order and writes its partition as one JSON-lines
   file to the S3 endpoint (one PUT), collected. A sample is the job's wall time.
-- engine: the cluster tests' pipeline (``tests.cluster_driver.numbering_pipeline``: state in
+- engine: the cluster tests' pipeline (``harness.numbering.numbering_pipeline``: state in
   3 partitions, checkpoint and output on the S3 endpoint, 500 ms interval, real clock) over
   ``--batches`` batches of 400 events. A sample is a batch's progress record.
 
@@ -32,8 +32,8 @@ from pyspark.sql import functions as F
 from batchline import StreamingListener
 from batchline.scheduler.progress import BatchProgress
 from batchline.spark import local_spark_session
-from tests.cluster import DRIVER_CONF
-from tests.cluster_driver import SEED, USERS, make_numbering, numbering_pipeline
+from harness.cluster import DRIVER_CONF
+from harness.numbering import SEED, USERS, make_numbering, numbering_pipeline
 
 EVENTS = 400
 RATE = 4000

@@ -33,7 +33,7 @@ from pyspark.sql.types import DoubleType, LongType, StructField, StructType, Tim
 from batchline import StreamingContext
 from batchline.spark import local_spark_session
 from benchmarks.machine import write_result
-from tests.servers import PostgresServer, RedisServer
+from harness.servers import PostgresServer, RedisServer
 
 STREAM = "events"
 SCHEMA = StructType([StructField("user", LongType(), False), StructField("amount", DoubleType(), False),

@@ -59,7 +59,7 @@ def main() -> None:
     args = parser.parse_args()
     conf = None
     if not args.master.startswith("local"):
-        from tests.cluster import DRIVER_CONF
+        from harness.cluster import DRIVER_CONF
 
         conf = DRIVER_CONF
     spark = local_spark_session(args.master, f"restart-{args.engine}", shuffle_partitions=2, conf=conf)

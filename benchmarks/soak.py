@@ -19,7 +19,7 @@ its resident set no longer moves with the collector's choices.
 
     python -m benchmarks.soak [--batches 20000] [--baseline 1000] [--every 250] [--fixed-heap] [--output PATH]
 
-``tests/test_soak.py`` runs it (``pytest -m soak``) and holds it to the issue's bound.
+``tests/soak/test_soak.py`` runs it (``pytest -m soak``) and holds it to the issue's bound.
 """
 
 from __future__ import annotations

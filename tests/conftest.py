@@ -1,30 +1,52 @@
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 os.environ["PYSPARK_PYTHON"] = sys.executable
 os.environ["PYSPARK_DRIVER_PYTHON"] = sys.executable
 
-FIXTURE_MARKERS = {"spark": "spark", "standalone_cluster": "cluster", "s3_endpoint": "server",
-                   "redis_server": "server", "postgres_server": "server", "chromium": "browser"}
-"""A test that uses the fixture gets the marker: ``pytest -m "not chaos and not cluster"`` is the
-fast tier (README)."""
-CHAOS_MODULES = {"test_chaos", "test_bounded_chaos", "test_partition_recovery", "test_worker_kill", "test_cluster",
-                 "test_connectors_chaos"}
-"""The modules that kill processes (drivers, executors, Python workers) and compare with a clean
-run; their drivers start Spark in processes of their own."""
-CHAOS_TESTS = {"test_a_driver_killed_in_the_commit_on_s3_completes_the_batch_exactly_once"}
+TESTS = Path(__file__).resolve().parent
+
+FOLDER_MARKERS = {
+    "unit": (),
+    "spark": ("spark",),
+    "server": ("spark", "server"),
+    "browser": ("spark", "browser"),
+    "chaos": ("spark", "chaos", "server"),
+    "cluster": ("spark", "chaos", "cluster", "server"),
+    "soak": ("spark", "soak"),
+}
+"""A test's folder says what it needs, and so its markers: ``pytest -m "not chaos and not
+cluster"`` is the fast tier (README). ``chaos`` tests kill processes (drivers, executors, Python
+workers) and compare with a clean run; their drivers start Spark in processes of their own."""
+NEEDS = {"spark": "spark", "s3_endpoint": "server", "redis_server": "server", "postgres_server": "server",
+         "standalone_cluster": "cluster", "chromium": "browser"}
+"""What a fixture needs: a test may use it only in a folder whose markers include that."""
+
+
+def _folder(item: pytest.Item) -> str:
+    folder = Path(str(item.path)).parent
+    if folder.parent != TESTS or folder.name not in FOLDER_MARKERS:
+        raise pytest.UsageError(f"{item.nodeid} is not in one of tests/{{{','.join(FOLDER_MARKERS)}}}/: put each "
+                                "test file in the folder of what it needs (see tests/conftest.py)")
+    return folder.name
 
 
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
-        for fixture, marker in FIXTURE_MARKERS.items():
-            if fixture in item.fixturenames:
-                item.add_marker(marker)
-        if item.module.__name__.rsplit(".", 1)[-1] in CHAOS_MODULES or item.originalname in CHAOS_TESTS:
-            item.add_marker("chaos")
-            item.add_marker("spark")
+        folder = _folder(item)
+        markers = FOLDER_MARKERS[folder]
+        for marker in markers:
+            item.add_marker(marker)
+        needs = {NEEDS[f] for f in item.fixturenames if f in NEEDS} - set(markers)
+        if needs:
+            misplaced.append(f"{item.nodeid} uses {', '.join(sorted(needs))} but sits in tests/{folder}/")
+    if misplaced:
+        raise pytest.UsageError("tests in a folder that does not match what they need (move each file to the "
+                                "folder of the most it needs):\n" + "\n".join(misplaced))
     # The soak test runs for hours: only a selection that names it (``-m soak``) runs it.
     if "soak" not in (config.getoption("markexpr") or ""):
         soaks = [item for item in items if item.get_closest_marker("soak")]
@@ -46,7 +68,7 @@ def spark():
 def s3_endpoint():
     """A real S3-compatible endpoint (moto's server on loopback) with the suite's buckets;
     yields the fsspec storage options that reach it."""
-    from tests.servers import S3Server
+    from harness.servers import S3Server
 
     server = S3Server().start()
     yield server.storage_options
@@ -56,8 +78,8 @@ def s3_endpoint():
 @pytest.fixture(scope="session")
 def standalone_cluster(tmp_path_factory):
     """A Spark standalone master and two one-core workers, separate JVMs on 127.0.0.1 (see
-    tests/cluster.py). Fails, never skips, when they do not come up."""
-    from tests.cluster import StandaloneCluster
+    harness/cluster.py). Fails, never skips, when they do not come up."""
+    from harness.cluster import StandaloneCluster
 
     cluster = StandaloneCluster(tmp_path_factory.mktemp("standalone")).start()
     yield cluster
@@ -68,7 +90,7 @@ def standalone_cluster(tmp_path_factory):
 def redis_server(tmp_path_factory):
     """A real redis-server on loopback (Debian's package), for the whole session. Fails, never
     skips, when it cannot start."""
-    from tests.servers import RedisServer
+    from harness.servers import RedisServer
 
     server = RedisServer(tmp_path_factory.mktemp("redis")).start()
     yield server
@@ -79,7 +101,7 @@ def redis_server(tmp_path_factory):
 def postgres_server():
     """A real PostgreSQL cluster of its own on loopback (Debian's package), for the whole
     session; ``dsn`` carries a password. Fails, never skips, when it cannot start."""
-    from tests.servers import PostgresServer
+    from harness.servers import PostgresServer
 
     server = PostgresServer().start()
     yield server

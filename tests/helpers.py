@@ -11,8 +11,17 @@ import time
 import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
 
 from batchline.clock import ManualClock
+
+T = TypeVar("T")
+
+ROOT = Path(__file__).resolve().parent.parent
+"""The repository's root."""
+DRIVERS = ROOT / "tests" / "drivers"
+"""The driver scripts that kill tests start in processes of their own."""
 
 
 class LogWatcher(logging.Handler):
@@ -61,15 +70,29 @@ def drive_until_done(clock: ManualClock, thread: threading.Thread, step_ms: int 
     raise TimeoutError("the thread did not finish while the clock was driven")
 
 
-def poll_until(predicate: Callable[[], bool], timeout_s: float = 10, step_s: float = 0.005) -> bool:
-    """Whether ``predicate`` came to hold within ``timeout_s`` of real time: for a state another
-    thread reaches without notifying anyone (a clock would not make it come sooner)."""
+def poll_until(predicate: Callable[[], T], timeout_s: float = 10, step_s: float = 0.005,
+               stop: Callable[[], object] | None = None) -> T | None:
+    """``predicate()``'s first true value within ``timeout_s`` of real time (None if it never
+    came, or ``stop()`` became true first): for a state another thread or process reaches
+    without notifying anyone (a clock would not make it come sooner). The one polling loop of
+    the tests."""
     deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() >= deadline:
-            return False
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() >= deadline or (stop is not None and stop()):
+            return None
         time.sleep(step_s)
-    return True
+
+
+def wait_for(predicate: Callable[[], T], what: str, timeout_s: float = 10, step_s: float = 0.005,
+             stop: Callable[[], object] | None = None) -> T:
+    """``poll_until``, failing with ``TimeoutError`` naming ``what`` when it never came."""
+    value = poll_until(predicate, timeout_s, step_s, stop)
+    if not value:
+        raise TimeoutError(f"no {what} within {timeout_s:.0f} s")
+    return value
 
 
 @dataclass

@@ -1,0 +1,3 @@
+"""What the tests and the benchmarks start for real: an S3 endpoint, Redis and PostgreSQL
+servers (``harness.servers``), a Spark standalone cluster (``harness.cluster``) and the
+numbering pipeline run on it (``harness.numbering``). Not part of the installed package."""

@@ -1,0 +1,122 @@
+"""Redis in, a stateful operator, PostgreSQL out: kill -9 the driver at 20 random moments while
+entries are appended to Redis all along, restart it each time; the tables must equal an
+uninterrupted run's, with no row lost or duplicated."""
+
+import random
+import subprocess
+import sys
+import threading
+import time
+
+import psycopg
+import redis
+
+from tests.helpers import DRIVERS, poll_until
+
+DRIVER = DRIVERS / "connectors_driver.py"
+USERS, EVENTS, KILLS = 12, 1500, 20
+
+
+def event(seq):
+    return {"user": f"u{seq % USERS:02d}", "seq": seq, "amount": (seq * 7919) % 1000}
+
+
+def expected_rows():
+    totals = {}
+    rows = []
+    for seq in range(EVENTS):
+        e = event(seq)
+        total, count = totals.get(e["user"], (0, 0))
+        totals[e["user"]] = (total + e["amount"], count + 1)
+        rows.append((e["user"], seq, e["amount"], *totals[e["user"]]))
+    return sorted(rows), sorted((user, *t) for user, t in totals.items())
+
+
+class Driver:
+    def __init__(self, redis_url, dsn, checkpoint, suffix, *flags):
+        self.process = subprocess.Popen(
+            [sys.executable, str(DRIVER), redis_url, dsn, str(checkpoint), suffix, *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.completed = 0
+        self.started = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            if line.startswith("started"):
+                self.started.set()
+            elif line.startswith("completed "):
+                self.completed += 1
+
+    def kill(self):
+        self.process.kill()
+        self.process.wait()
+
+
+def create_tables(dsn, suffix):
+    with psycopg.connect(dsn) as conn:
+        conn.execute(f"DROP TABLE IF EXISTS events_{suffix}, totals_{suffix}")
+        conn.execute(f"CREATE TABLE events_{suffix} (user_id_unused int, \"user\" text, seq bigint, amount bigint, "
+                     "total bigint, count bigint)")
+        conn.execute(f"CREATE TABLE totals_{suffix} (\"user\" text PRIMARY KEY, total bigint, count bigint)")
+
+
+def table_rows(dsn, suffix):
+    with psycopg.connect(dsn) as conn:
+        events = conn.execute(f'SELECT "user", seq, amount, total, count FROM events_{suffix}').fetchall()
+        totals = conn.execute(f'SELECT "user", total, count FROM totals_{suffix}').fetchall()
+    return sorted(events), sorted(totals)
+
+
+def append_all(client, stop_early):
+    """Entries appended all along, about 60 a second."""
+    for seq in range(EVENTS):
+        if stop_early.is_set():
+            return
+        client.xadd("events", event(seq))
+        if seq % 30 == 29:
+            time.sleep(0.5)
+
+
+def test_killed_driver_writes_postgres_exactly_once(redis_server, postgres_server, tmp_path):
+    client = redis.Redis.from_url(redis_server.url)
+    client.delete("events")
+    dsn = postgres_server.dsn
+    create_tables(dsn, "chaos")
+    create_tables(dsn, "clean")
+    rng = random.Random(21)
+    stop = threading.Event()
+    writer = threading.Thread(target=append_all, args=(client, stop), daemon=True)
+    writer.start()
+    checkpoint = tmp_path / "chaos"
+    kills_after_commits = 0
+    try:
+        for _ in range(KILLS):
+            driver = Driver(redis_server.url, dsn, checkpoint, "chaos")
+            assert driver.started.wait(60), "the driver did not start"
+            if rng.random() < 0.5:
+                time.sleep(rng.uniform(0, 8))  # anywhere: starting Spark, restarting, running batches
+            else:
+                poll_until(lambda d=driver: d.completed >= 1, 60, 0.05,
+                           stop=lambda d=driver: d.process.poll() is not None)
+                time.sleep(rng.uniform(0, 1.5))  # within the next batches: planning, COPY, commit
+            kills_after_commits += driver.completed > 0
+            assert driver.process.poll() is None, "the driver exited before it was killed"
+            driver.kill()
+        writer.join(120)
+        assert not writer.is_alive()
+        driver = Driver(redis_server.url, dsn, checkpoint, "chaos")
+        poll_until(lambda: len(table_rows(dsn, "chaos")[0]) >= EVENTS and driver.completed >= 3, 180, 1)
+        driver.kill()
+    finally:
+        stop.set()
+
+    clean = Driver(redis_server.url, dsn, tmp_path / "clean", "clean", "--bounded")
+    assert clean.process.wait(240) == 0
+    expected_events, expected_totals = expected_rows()
+    assert table_rows(dsn, "clean") == (expected_events, expected_totals)
+    chaos_events, chaos_totals = table_rows(dsn, "chaos")
+    assert len(chaos_events) == len(set(chaos_events)), "a row was written twice"
+    assert chaos_events == expected_events
+    assert chaos_totals == expected_totals
+    assert kills_after_commits >= 5, f"only {kills_after_commits} kills came after a batch committed"

@@ -1,0 +1,96 @@
+"""A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
+
+    python tests/drivers/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write] [--stateful]
+                                 [--master M]
+
+``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
+protocol). ``--kill-after-first-write`` SIGKILLs this process right after the first batch
+with rows has been written, before the batch is committed (once: a marker file remembers).
+``--stateful`` writes, instead of the input rows, a running total and count per key ``n % 7``
+after every batch, as ids ``k<key>-t<total>-c<count>``: a batch applied twice to the state,
+or not at all, shows. ``--fail-once`` makes the state function raise once, in the middle
+of a partition (give a master with task retries, e.g. ``local[2,2]``).
+"""
+
+import argparse
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from pyspark.sql import functions as F  # noqa: E402
+from pyspark.sql.types import IntegerType, StringType, StructField, StructType  # noqa: E402
+
+from batchline import StreamingContext, StreamingListener  # noqa: E402
+from batchline.sinks.files import FileSink  # noqa: E402
+from batchline.spark import local_spark_session  # noqa: E402
+
+SCHEMA = StructType([StructField("id", StringType(), False), StructField("n", IntegerType(), False)])
+
+
+class Progress(StreamingListener):
+    def on_batch_completed(self, info):
+        print(f"completed {info.batch_time} {info.num_records}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("incoming")
+    parser.add_argument("out")
+    parser.add_argument("checkpoint")
+    parser.add_argument("--naive-sink", action="store_true")
+    parser.add_argument("--kill-after-first-write", action="store_true")
+    parser.add_argument("--stateful", action="store_true")
+    parser.add_argument("--fail-once", action="store_true")
+    parser.add_argument("--master", default="local[2]")
+    args = parser.parse_args()
+
+    spark = local_spark_session(args.master, "chaos-driver", shuffle_partitions=2)
+    ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s")
+    ssc.add_listener(Progress())
+    events = ssc.file_stream(args.incoming, "json", SCHEMA, settle=0, max_files_per_batch=1)
+    if args.stateful:
+        events = events.with_column("k", F.col("n") % 7).group_by_key("k").flat_map_groups_with_state(
+            make_running_total(args.checkpoint + ".failed" if args.fail_once else None),
+            state_schema="total long, count long", output_schema="id string", name="totals",
+            num_partitions=3)
+    marker = Path(args.checkpoint + ".killed")
+    sink = FileSink(args.out, "json")
+
+    def write(df, batch_time):
+        if args.naive_sink:
+            df.write.mode("append").json(args.out)
+        else:
+            sink.write(df, batch_time)
+        if args.kill_after_first_write and not marker.exists() and df.take(1):
+            marker.write_text(str(batch_time))
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    events.foreach_batch(write, name="out")
+    print("started", flush=True)
+    ssc.start()
+    ssc.await_termination()
+
+
+def make_running_total(fail_marker):
+    def running_total(key, rows, state):
+        total, count = state.get() if state.exists else (0, 0)
+        for row in rows:
+            total, count = total + row.n, count + 1
+        if fail_marker and count > 40 and key == 3:
+            try:
+                os.close(os.open(fail_marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                pass
+            else:
+                raise RuntimeError("injected task failure")
+        state.update((total, count))
+        yield (f"k{key}-t{total}-c{count}",)
+
+    return running_total
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The shipped examples run as written."""
+
+import os
+import runpy
+import sys
+import threading
+
+import pyarrow.dataset as ds
+
+from tests.helpers import ROOT
+
+EXAMPLES = ROOT / "examples"
+
+
+def test_files_to_parquet_example(spark, tmp_path, monkeypatch):
+    incoming, out = tmp_path / "in", tmp_path / "out"
+    incoming.mkdir()
+    (incoming / "a.json").write_text(
+        '{"user": 1, "action": "click", "ts": "2026-01-01T00:00:00Z"}\n'
+        '{"user": 2, "action": "view"}\n'
+        'garbage\n'
+    )
+    os.utime(incoming / "a.json", (0, 0))
+    monkeypatch.setattr(sys, "argv", ["files_to_parquet.py", str(incoming), str(out), "4"])
+    runner = threading.Thread(target=runpy.run_path, args=(str(EXAMPLES / "files_to_parquet.py"),),
+                              kwargs={"run_name": "__main__"})
+    runner.start()
+    runner.join(120)
+    assert not runner.is_alive()
+    events = ds.dataset(str(out / "events"), format="parquet", partitioning="hive").to_table()
+    assert sorted(events.column("user").to_pylist()) == [1, 2]
+    dead = [line for p in (out / "dead_letters").rglob("part-*") for line in p.read_text().splitlines()]
+    assert len(dead) == 1 and "garbage" in dead[0] and "malformed JSON" in dead[0]
+    activity = ds.dataset(str(out / "activity"), format="parquet", partitioning="hive").to_table()
+    assert set(activity.column("user").to_pylist()) == {1, 2}
+
+
+def run_example(name, *args, timeout=180):
+    runner = threading.Thread(target=runpy.run_path, args=(str(EXAMPLES / name),), kwargs={"run_name": "__main__"})
+    sys.argv = [name, *args]
+    runner.start()
+    runner.join(timeout)
+    assert not runner.is_alive()
+
+
+def test_redis_orders_example(spark, redis_server, tmp_path, monkeypatch):
+    import redis
+
+    client = redis.Redis.from_url(redis_server.url)
+    client.delete("orders")
+    client.xadd("orders", {"customer": "alice", "amount": "12.50", "at": "2026-11-23T10:00:00Z"})
+    client.xadd("orders", {"customer": "alice", "amount": "7.50"})
+    client.xadd("orders", {"customer": "bob", "amount": "a lot"})
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    run_example("redis_orders.py", redis_server.url, str(tmp_path), "6")
+    orders = ds.dataset(str(tmp_path / "orders"), format="parquet", partitioning="hive").to_table()
+    assert sorted(str(a) for a in orders.column("amount").to_pylist()) == ["12.50", "7.50"]
+    totals = ds.dataset(str(tmp_path / "totals"), format="parquet", partitioning="hive").to_table().to_pylist()
+    assert max(str(row["total"]) for row in totals if row["customer"] == "alice") == "20.00"
+    dead = [line for p in (tmp_path / "dead_letters").rglob("part-*") for line in p.read_text().splitlines()]
+    assert len(dead) == 1 and "'a lot' is not a decimal(12,2)" in dead[0]
+
+
+def test_orders_to_postgres_example(spark, postgres_server, tmp_path, monkeypatch):
+    import psycopg
+
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    run_example("orders_to_postgres.py", postgres_server.dsn, "5", str(tmp_path / "checkpoint"))
+    with psycopg.connect(postgres_server.dsn) as conn:
+        orders = conn.execute("SELECT count(*), count(DISTINCT data) FROM orders").fetchone()
+        latest = conn.execute("SELECT count(*) FROM latest_order").fetchone()[0]
+    assert orders[0] > 0 and orders[0] == orders[1]
+    assert 0 < latest <= 50

@@ -1,0 +1,125 @@
+"""The house stays one-way: no module of batchline imports itself back through others, and
+the rooms (top-level packages and modules) form no cycle either. Imports under
+``TYPE_CHECKING`` and inside functions count: they are dependencies all the same."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from tests.helpers import ROOT
+
+PACKAGE = ROOT / "batchline"
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """batchline module -> the batchline modules it names in an import."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                           for alias in node.names]
+            else:
+                continue
+            graph[name] |= {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components with more than one member (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "batchline"
+
+
+def room_graph(graph: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Rooms are the top-level packages and modules; the package's own __init__ (the public
+    face, which imports from every room) stands above them all."""
+    rooms: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        if module == "batchline":
+            continue
+        rooms.setdefault(_room(module), set()).update(
+            _room(t) for t in targets if t != "batchline" and _room(t) != _room(module))
+    return rooms
+
+
+def _describe(component: list[str], graph: dict[str, set[str]]) -> str:
+    edges = [f"{a} -> {b}" for a in component for b in sorted(graph.get(a, ())) if b in component]
+    return "{" + ", ".join(component) + "}: " + "; ".join(edges)
+
+
+def test_no_module_imports_itself_back():
+    graph = import_graph()
+    assert len(graph) > 40  # the parser found the package
+    found = cycles(graph)
+    assert not found, "import cycles among modules:\n" + "\n".join(_describe(c, graph) for c in found)
+
+
+def test_rooms_import_one_way():
+    rooms = room_graph(import_graph())
+    found = cycles(rooms)
+    assert not found, "import cycles among rooms:\n" + "\n".join(_describe(c, rooms) for c in found)
+
+
+def test_the_stream_model_is_the_ground_floor():
+    """Sources, state, sinks, recovery and the API build on the stream model, never the reverse;
+    the scheduler knows the pipeline only through its own protocol."""
+    rooms = room_graph(import_graph())
+    below_streams = {"errors", "batch_time", "durations", "clock", "spark", "checkpoint", "scheduler"}
+    assert rooms["streams"] <= below_streams, rooms["streams"] - below_streams
+    assert rooms["scheduler"] <= below_streams, rooms["scheduler"] - below_streams
+    assert "api" not in rooms["recovery"] and "recovery" not in rooms["sources"] | rooms["state"]
+
+
+def test_the_cycle_finder_finds_a_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert cycles(graph) == [["a", "b", "c"]]
+    assert "a -> b" in _describe(["a", "b", "c"], graph)
