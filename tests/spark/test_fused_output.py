@@ -61,7 +61,7 @@ def run(spark, tmp_path, build_outputs, batches=BATCHES, fn=count_rows, **contex
 
 
 def jobs_of(spark, ssc, batch_time: int) -> list[int]:
-    prefix = ssc._scheduler.settings.job_group_prefix
+    prefix = ssc.job_group_prefix
     return spark.sparkContext.statusTracker().getJobIdsForGroup(f"{prefix}-{batch_time}")
 
 

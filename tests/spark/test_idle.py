@@ -53,7 +53,7 @@ def run_until(ssc, clock, recorder, last_batch):
 
 
 def spark_jobs(spark, ssc, batch_time):
-    prefix = ssc._scheduler.settings.job_group_prefix
+    prefix = ssc.job_group_prefix
     return sorted(spark.sparkContext.statusTracker().getJobIdsForGroup(f"{prefix}-{batch_time}"))
 
 

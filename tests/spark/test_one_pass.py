@@ -79,7 +79,7 @@ def test_a_stateful_batch_runs_no_job_of_the_source_and_counts_what_its_jobs_rea
 
     recorder, ssc = run_batches(spark, tmp_path, 3, build)
     tracker = spark.sparkContext.statusTracker()
-    prefix = ssc._scheduler.settings.job_group_prefix
+    prefix = ssc.job_group_prefix
     for info in recorder.completed:
         if not info.num_records:
             continue
@@ -266,7 +266,7 @@ def test_a_rerun_batch_shuffles_only_the_rows_of_the_partitions_it_reruns(spark,
     ssc, clock, recorder, sink = start(fixed, failed)
     try:
         info = recorder.wait_for_batch(failed, 120)
-        shuffled = shuffle_writes(spark, f"{ssc._scheduler.settings.job_group_prefix}-{failed}")
+        shuffled = shuffle_writes(spark, f"{ssc.job_group_prefix}-{failed}")
     finally:
         ssc.stop()
     assert info.failure is None, info.failure
