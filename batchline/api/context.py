@@ -461,23 +461,18 @@ class StreamingContext:
                          self.graph.read_by_one_output())
         self.pipeline = PipelineRuntime(self.graph, env)
         commit = self._commit = BatchCommit(self.pipeline, self._checkpoints, self.clock, self._pipeline_finished)
-        generator: JobGenerator
         self._lifecycle.facts = _Facts(self)
         self._lifecycle.excluded_executors = ExecutorMonitor.of(self.spark, self.clock).excluded
-
-        def commit_batch(batch_time: int) -> None:
-            commit.commit(batch_time)
-            generator.on_batch_committed(batch_time)
-
         self._scheduler = JobScheduler(
             SchedulerSettings(self.batch_interval_ms, self._concurrent_jobs, self.graceful_stop_timeout_ms,
                               f"batchline-{uuid.uuid4().hex[:8]}", self.retry,
                               overlap_commits=not self.graph.ordered_batches),
-            self.spark, self.clock, self._lifecycle, self._fail, commit_batch,
+            self.spark, self.clock, self._lifecycle, self._fail,
         )
+        # Each batch the generator makes is a BatchRun that commits itself through ``commit``.
         generator = self._generator = JobGenerator(
             GeneratorSettings(self.batch_interval_ms, self.graceful_stop_timeout_ms, self.max_batches_ahead), commit,
-            self.clock, self.receiver_tracker, self.input_info, self._scheduler.submit_job_set,
+            self.clock, self.receiver_tracker, self.input_info, self._scheduler.submit,
             self._scheduler.report_error, self._checkpoints,
         )
         try:
