@@ -2,7 +2,10 @@
 
 ``StatefulNode`` is the operator as the user describes it (function, schemas, timeout,
 name, partitions); ``StatefulRuntime`` is what it becomes when the pipeline starts: its
-stored metadata, the version the next batch builds on, the batches' statistics.
+stored metadata, the version the next batch builds on, what the driver knows of each
+partition. Its part of each batch (the partitions that ran, were kept or skipped, the
+statistics and facts they reported) is one ``OperatorBatch`` per batch
+(``batchline.state.operator_batch``), taken on when the batch commits.
 
 Each batch the operator shuffles its input into ``num_partitions`` state partitions as
 ``repartition(n, keys)`` places rows (a shuffle by number, which adaptive execution never
@@ -12,7 +15,8 @@ partitions that reported are checked every batch. Its job caches the output, so 
 that read it never run the function twice, and collects the batch's statistics. An
 operator read by one output only, directly, runs no job of its own: its job publishes the
 batch's parameters, the output's job runs the tasks, and a completion job after it takes on
-their statistics (running any partition the output did not evaluate). What is static
+their statistics, running any partition the output did not evaluate
+(``batchline.state.in_output_job``). What is static
 reaches the tasks as an ``OperatorSpec`` in the task closure; what depends on the previous
 batch (the version to build on, the watermark) as ``BatchParams`` in a Spark local property
 of the job, because the batch's DataFrame is built before the previous batch has finished
@@ -123,7 +127,7 @@ class StatefulNode(StreamNode):
 
 
 class StatefulRuntime(StreamRuntime):
-    """The operator's run: its stored metadata, the version to build on, each batch's statistics."""
+    """The operator's run: its stored metadata, the version to build on, its part of each batch."""
 
     node: StatefulNode
 
