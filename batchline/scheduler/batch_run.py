@@ -221,6 +221,7 @@ class BatchRun:
                     self.time, "commit", RuntimeError("the batch before it failed"), 0, "the batch's jobs"),
                     stopped=True)
                 return
+            # Step 2
             self._start(scheduling)
             while True:
                 if not holding:  # after a failed commit, the jobs run again in a slot
@@ -232,6 +233,7 @@ class BatchRun:
                     if scheduling.overlap_commits:
                         scheduling.give_back_slot()
                         holding = False
+                    # Step 3
                     self._move(RunState.WAITING_TO_COMMIT)
                     if not self._wait_for_turn(scheduling):
                         self._abandon_pending()
@@ -246,6 +248,7 @@ class BatchRun:
                         self._abandon_pending()
                         self._move(RunState.RUNNING)
                         continue
+                    # Step 4
                     self._move(RunState.COMMITTING)
                     commit_started = scheduling.clock.now_ms()
                     failure = self._commit_pending()
@@ -264,7 +267,7 @@ class BatchRun:
         finally:
             if holding:
                 scheduling.give_back_slot()
-        self._commit(scheduling, commit_started)
+        self._commit(scheduling, commit_started)  # Steps 4 and 5
 
     def _start(self, scheduling: Scheduling) -> None:
         scheduling.enter_job_group(self.time)
