@@ -160,24 +160,19 @@ class PipelineRun:
                          self.graph.read_by_one_output())
         self.pipeline = PipelineRuntime(self.graph, env)
         commit = self.commit = BatchCommit(self.pipeline, self.checkpoints, self.clock, self._pipeline_finished)
-        generator: JobGenerator
         self.lifecycle.facts = _Facts(self)
         self.lifecycle.excluded_executors = ExecutorMonitor.of(self.spark, self.clock).excluded
-
-        def commit_batch(batch_time: int) -> None:
-            commit.commit(batch_time)
-            generator.on_batch_committed(batch_time)
-
         self.scheduler = JobScheduler(
             SchedulerSettings(settings.batch_interval_ms, settings.concurrent_jobs, settings.graceful_stop_timeout_ms,
                               f"batchline-{uuid.uuid4().hex[:8]}", settings.retry,
                               overlap_commits=not self.graph.ordered_batches),
-            self.spark, self.clock, self.lifecycle, self._fail, commit_batch,
+            self.spark, self.clock, self.lifecycle, self._fail,
         )
+        # Each batch the generator makes is a BatchRun that commits itself through ``commit``.
         generator = self.generator = JobGenerator(
             GeneratorSettings(settings.batch_interval_ms, settings.graceful_stop_timeout_ms,
                               settings.max_batches_ahead),
-            commit, self.clock, self.receiver_tracker, self.input_info, self.scheduler.submit_job_set,
+            commit, self.clock, self.receiver_tracker, self.input_info, self.scheduler.submit,
             self.scheduler.report_error, self.checkpoints,
         )
         try:

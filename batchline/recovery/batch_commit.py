@@ -3,7 +3,8 @@
 Step 1: log the batch: its inputs' allocations go to the batch log before any job runs
         (``jobs_for``, on the generator's loop).
 Step 2: run its jobs: operators read their input and write their state, outputs commit their data
-        (the job scheduler, on the batch's thread).
+        (``scheduler.batch_run.BatchRun``, on the batch's thread, which calls ``commit`` once its
+        jobs and the commits they left succeeded, in batch order).
 Step 3: count and verify: inputs report what the jobs counted of them, and each node checks
         its work is whole (``commit``).
 Step 4: commit marker, with the operators' progress, under the lease's fencing token.
@@ -94,7 +95,7 @@ class BatchCommit:
         return self.pipeline.generate_jobs(batch_time)
 
     def commit(self, batch_time: int) -> None:
-        """Called on the batch's thread once every job of the batch succeeded."""
+        """Called by the batch's ``BatchRun``, on its thread, once every job of the batch succeeded."""
         if batch_time in self._idle:
             self._idle.discard(batch_time)
             self.last_committed = max(batch_time, self.last_committed or batch_time)

@@ -1,16 +1,18 @@
-"""A batch's jobs (one per output operation) and its lifecycle."""
+"""A batch's jobs (one per output operation), what they leave to commit, and what listeners are
+told of the batch (``JobSet``, with its ``BatchState`` and the trace its progress record is built from)."""
 
 from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from batchline.errors import ContextStateError
 from batchline.scheduler.input_info import StreamInputInfo
+from batchline.scheduler.progress import JobTiming
 
-__all__ = ["Job", "JobKind", "JobSet", "BatchState", "FailedIn", "PendingCommit"]
+__all__ = ["Job", "JobKind", "JobSet", "BatchState", "BatchTrace", "FailedIn", "PendingCommit"]
 
 
 class JobKind(enum.Enum):
@@ -87,6 +89,16 @@ _ALLOWED = {
 
 
 @dataclass
+class BatchTrace:
+    """What is known of a batch while it runs, for its progress record."""
+
+    jobs: list[JobTiming] = field(default_factory=list)
+    """The jobs of the attempt that counts (the last one), as they finished."""
+    errors: list[str] = field(default_factory=list)
+    """Why each earlier attempt failed."""
+
+
+@dataclass
 class JobSet:
     time: int
     jobs: list[Job]
@@ -98,6 +110,7 @@ class JobSet:
     failure: str | None = None
     generation_ms: int = 0
     """How long taking the batch's input and building its jobs took."""
+    trace: BatchTrace = field(default_factory=BatchTrace)
 
     def move_to(self, state: BatchState) -> None:
         if state not in _ALLOWED[self.state]:

@@ -25,6 +25,7 @@ from typing import Protocol
 from batchline.checkpoint.manager import CheckpointManager
 from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
+from batchline.scheduler.batch_run import BatchPipeline, BatchRun
 from batchline.scheduler.event_loop import EventLoop
 from batchline.scheduler.events import (
     ClearCheckpointData,
@@ -36,7 +37,6 @@ from batchline.scheduler.events import (
     RescheduleJobs,
 )
 from batchline.scheduler.input_info import InputInfoTracker
-from batchline.scheduler.job import Job, JobSet
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.scheduler.timer import RecurringTimer
 
@@ -47,8 +47,9 @@ logger = logging.getLogger(__name__)
 STOP_POLL_MS = 100
 
 
-class Batches(Protocol):
-    """What the generator asks of the pipeline, batch by batch."""
+class Batches(BatchPipeline, Protocol):
+    """What the generator asks of the pipeline, batch by batch (and each batch of it, as a
+    ``BatchPipeline``)."""
 
     @property
     def max_input_remember_ms(self) -> int:
@@ -59,9 +60,6 @@ class Batches(Protocol):
 
     def restart(self, checkpoint: Checkpoint, restart_time: int) -> list[int]:
         """Resume from ``checkpoint``; returns the batch times to run before ``restart_time``."""
-
-    def jobs_for(self, batch_time: int) -> list[Job]:
-        """Take the batch's input (logged before anything runs) and build its jobs."""
 
     def clear_metadata(self, batch_time: int) -> None:
         """Forget what no later batch needs."""
@@ -103,7 +101,7 @@ class JobGenerator:
         clock: Clock,
         receiver_tracker: ReceiverTracker,
         input_info: InputInfoTracker,
-        submit: Callable[[JobSet], None],
+        submit: Callable[[BatchRun], None],
         report_error: Callable[[str, BaseException], None],
         checkpoints: CheckpointManager | None = None,
     ) -> None:
@@ -282,21 +280,18 @@ class JobGenerator:
 
     # ---------------------------------------------------------------- one batch
     def _generate_jobs(self, time: int) -> None:
-        began = self._clock.now_ms()
         try:
-            self._receiver_tracker.allocate_blocks_to_batch(time)
-            jobs = self._batches.jobs_for(time)
+            run = BatchRun.generate(time, self._batches, self._receiver_tracker, self._input_info, self._clock,
+                                    self.on_batch_committed)
         except Exception as error:
             self._report_error(f"Error generating jobs for time {time}", error)
         else:
             self._in_flight.add(time)
-            infos = self._input_info.get_info(time)
-            now = self._clock.now_ms()
-            self._submit(JobSet(time, jobs, infos, now, generation_ms=now - began))
+            self._submit(run)
         self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=False))
 
     def on_batch_committed(self, time: int) -> None:
-        """Called on the job thread once the batch is committed: clean up, then checkpoint."""
+        """Called by the batch, on its thread, once it is committed: clean up, then checkpoint."""
         self._event_loop.post(ClearMetadata(time))
 
     def _clear_metadata(self, time: int) -> None:

@@ -19,7 +19,6 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from batchline.clock import Clock
@@ -80,14 +79,6 @@ class NoFacts:
         return 0
 
 
-@dataclass
-class _Trace:
-    """What is known of one batch while it runs."""
-
-    jobs: list[JobTiming] = field(default_factory=list)
-    errors: list[str] = field(default_factory=list)
-
-
 class BatchLifecycle:
     def __init__(self, bus: ListenerBus, clock: Clock, input_info: InputInfoTracker, batch_interval_ms: int,
                  facts: PipelineFacts | None = None,
@@ -102,7 +93,6 @@ class BatchLifecycle:
         self.excluded_executors: Callable[[], list[ExcludedExecutor]] = excluded_executors or list
         """Which executors Spark excluded (SPEC H2); set once the pipeline runs."""
         self._lock = threading.Lock()
-        self._traces: dict[int, _Trace] = {}
         self._recent: deque[BatchProgress] = deque(maxlen=max(1, keep_recent))
         self._checkpoints: list[CheckpointProgress] = []
         """Checkpoints written since the last record, for the next record."""
@@ -127,8 +117,6 @@ class BatchLifecycle:
 
     # ---------------------------------------------------------------- events
     def generated(self, job_set: JobSet) -> None:
-        with self._lock:
-            self._traces[job_set.time] = _Trace()
         self._bus.post("on_batch_submitted", self._info(job_set, 0))
 
     def started(self, job_set: JobSet, attempts: int) -> None:
@@ -136,13 +124,12 @@ class BatchLifecycle:
 
     def job_finished(self, job_set: JobSet, job: Job, started_ms: int, ended_ms: int) -> None:
         with self._lock:
-            self._trace(job_set.time).jobs.append(
-                JobTiming(job.name, job.kind.value, started_ms, max(0, ended_ms - started_ms)))
+            job_set.trace.jobs.append(JobTiming(job.name, job.kind.value, started_ms, max(0, ended_ms - started_ms)))
 
     def retrying(self, job_set: JobSet, attempt: int, failure: str) -> None:
         """Run ``attempt`` failed with ``failure``; the batch runs again after a backoff."""
         with self._lock:
-            trace = self._trace(job_set.time)
+            trace = job_set.trace
             trace.errors.append(f"attempt {attempt}: {failure}")
             trace.jobs.clear()  # the record times the attempt that counts, the last one
         self._bus.post("on_batch_retrying", self._info(job_set, attempt, failure))
@@ -164,9 +151,6 @@ class BatchLifecycle:
         self._bus.post("on_error", error)
 
     # ---------------------------------------------------------------- building
-    def _trace(self, batch_time: int) -> _Trace:
-        return self._traces.setdefault(batch_time, _Trace())
-
     def _info(self, job_set: JobSet, attempts: int, failure: str | None = None) -> BatchInfo:
         # Sources that count while the batch runs (files) replace their statistics then.
         return BatchInfo(
@@ -183,11 +167,8 @@ class BatchLifecycle:
 
     def _progress(self, job_set: JobSet, info: BatchInfo, commit_ms: int, cancelled: bool) -> BatchProgress:
         with self._lock:
-            trace = self._traces.pop(job_set.time, _Trace())
+            trace = job_set.trace
             checkpoints, self._checkpoints = tuple(self._checkpoints), []
-            # Traces of batches that never finish (cancelled by a stop) go with older ones.
-            for stale in [t for t in self._traces if t < job_set.time - 1000 * self._batch_interval_ms]:
-                del self._traces[stale]
         # Over the attempt that counted: a retried batch's backoff is not time spent processing.
         start = trace.jobs[0].started_ms if trace.jobs and trace.errors else job_set.processing_start_time
         end = job_set.processing_end_time

@@ -2,7 +2,10 @@
 
 ``StatefulNode`` is the operator as the user describes it (function, schemas, timeout,
 name, partitions); ``StatefulRuntime`` is what it becomes when the pipeline starts: its
-stored metadata, the version the next batch builds on, the batches' statistics.
+stored metadata, the version the next batch builds on, what the driver knows of each
+partition. Its part of each batch (the partitions that ran, were kept or skipped, the
+statistics and facts they reported) is one ``OperatorBatch`` per batch
+(``batchline.state.operator_batch``), taken on when the batch commits.
 
 Each batch the operator shuffles its input into ``num_partitions`` state partitions as
 ``repartition(n, keys)`` places rows (a shuffle by number, which adaptive execution never
@@ -12,7 +15,8 @@ partitions that reported are checked every batch. Its job caches the output, so 
 that read it never run the function twice, and collects the batch's statistics. An
 operator read by one output only, directly, runs no job of its own: its job publishes the
 batch's parameters, the output's job runs the tasks, and a completion job after it takes on
-their statistics (running any partition the output did not evaluate). What is static
+their statistics, running any partition the output did not evaluate
+(``batchline.state.in_output_job``). What is static
 reaches the tasks as an ``OperatorSpec`` in the task closure; what depends on the previous
 batch (the version to build on, the watermark) as ``BatchParams`` in a Spark local property
 of the job, because the batch's DataFrame is built before the previous batch has finished
@@ -25,31 +29,22 @@ import dataclasses
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.accumulators import Accumulator
 from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
 from batchline.errors import ConfigurationError, ContextStateError
-from batchline.scheduler.job import FailedIn, Job, JobKind
-from batchline.scheduler.retry import error_chain
+from batchline.scheduler.job import Job, JobKind
 from batchline.spark import forget_accumulator
 from batchline.state import operator
-from batchline.state.contract import (
-    BatchParams,
-    OperatorSpec,
-    PartitionFacts,
-    Stats,
-    error_from_task,
-    missing_params_error,
-)
+from batchline.state.contract import BatchParams, OperatorSpec, PartitionFacts, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import GroupStateTimeout, last_due
+from batchline.state.in_output_job import InOutputJob
 from batchline.state.operator import (
     operator_progress,
     operator_task,
@@ -57,6 +52,7 @@ from batchline.state.operator import (
     purge_old_versions,
     run_batch_job,
 )
+from batchline.state.operator_batch import OperatorBatch, Started
 from batchline.state.placement import marker_frame, placement, shuffle_to_partitions
 from batchline.state.schema import RowSchema
 from batchline.state.store import OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
@@ -130,18 +126,8 @@ class StatefulNode(StreamNode):
         return StatefulRuntime(self, env, parents)
 
 
-@dataclass(frozen=True)
-class _Started:
-    """A batch's run as decided when its operator job started."""
-
-    params: BatchParams
-    running: frozenset[int]
-    ending: bool
-    watermark_ms: int | None
-
-
 class StatefulRuntime(StreamRuntime):
-    """The operator's run: its stored metadata, the version to build on, each batch's statistics."""
+    """The operator's run: its stored metadata, the version to build on, its part of each batch."""
 
     node: StatefulNode
 
@@ -158,38 +144,32 @@ class StatefulRuntime(StreamRuntime):
         self.metadata: StateMetadata | None = None
         self.prev_version: int | None = None
         self.max_event_time_ms: int | None = None
-        self._stats: dict[int, Accumulator[Stats]] = {}
-        self._ran: dict[int, frozenset[int]] = {}
-        """Per batch whose job ran: the partitions that wrote its version."""
-        self._unfinished: set[int] = set()
-        """Batches whose job was generated and that have not committed yet."""
-        self._skipped: set[int] = set()
-        """Batches with no row and no timer due: no job ran, no version was written (SPEC E6)."""
+        self._batches: dict[int, OperatorBatch] = {}
+        """The operator's part of each batch it is concerned with: the one thing kept per batch."""
         self._facts: dict[int, PartitionFacts] | None = None
         """What each partition holds after the last committed batch (its earliest timer above
         all); None when unknown (a restart from an older checkpoint, an initial state not yet
         called): the next batch then runs every partition."""
         self._facts_generation: int | None = None
         """The state generation the restored facts were recorded under."""
-        self._ran_facts: dict[int, dict[int, PartitionFacts] | None] = {}
-        """Per batch whose job ran: the facts it leaves, taken on when its jobs all succeeded."""
         self._behind: dict[int, int | None] = {}
-        """Partitions whose newest version is older than ``prev_version`` (they sat batches out)."""
-        self._kept: dict[int, frozenset[int]] = {}
-        """Per re-run batch, the partitions that keep what they had finished (their output is stored)."""
-        self._rerun_whole: set[int] = set()
-        """Batches a restart re-runs whole: their partitions keep nothing they had finished."""
+        """Per partition whose newest version is older than ``prev_version`` (it sat batches out): that version."""
         self._commits = 0
         self._drained: set[int] = set()
         """Partitions finished for good: the inputs ended and they hold no timeout that may fire."""
         self._finished_after: int | None = None
-        self._in_output_job = node.node_id in env.read_by_one_output
+        self._in_output_job = InOutputJob(self) if node.node_id in env.read_by_one_output else None
         """Only one output reads the operator, directly: the batch runs inside that output's job
         (one Spark job fewer, and no pass over the persisted output), completed by a finish job."""
-        self._started: dict[int, _Started] = {}
-        """Batches whose parameters were published and whose tasks run inside the output's job."""
-        self._final_stats: dict[int, Stats] = {}
-        """Per batch whose job ran: what its partitions reported, in all."""
+
+    # ---------------------------------------------------------------- batches
+    def batch(self, batch_time: int) -> OperatorBatch | None:
+        """The operator's part of the batch, if the batch concerns it (still)."""
+        return self._batches.get(batch_time)
+
+    def _part_of(self, batch_time: int) -> OperatorBatch:
+        """The operator's part of the batch, made when the batch first concerns it."""
+        return self._batches.setdefault(batch_time, OperatorBatch(batch_time))
 
     # ---------------------------------------------------------------- lifecycle
     def open(self) -> None:
@@ -307,13 +287,17 @@ class StatefulRuntime(StreamRuntime):
     def after_jobs(self, batch_time: int) -> None:
         """The batch's jobs succeeded: what its partitions reported becomes the driver's view,
         before the commit records it (a failed attempt's reports never count)."""
-        if batch_time in self._ran_facts:
-            self._facts = self._ran_facts.pop(batch_time)
+        batch = self.batch(batch_time)
+        if batch is None:
+            return
+        pending, facts = batch.take_facts()
+        if pending:
+            self._facts = facts
             self._facts_generation = self.metadata.generation if self.metadata is not None else None
 
     def on_batch_committed(self, batch_time: int) -> None:
-        self._unfinished.discard(batch_time)
-        ran = self._ran.pop(batch_time, None)
+        batch = self.batch(batch_time)
+        ran = batch.committed() if batch is not None else None
         if ran is None:
             return
         for p in range(self.num_partitions):
@@ -334,7 +318,7 @@ class StatefulRuntime(StreamRuntime):
     # ---------------------------------------------------------------- batches
     def compute(self, batch_time: int) -> DataFrame:
         node = self.node
-        if self.finished_before(batch_time) or batch_time in self._skipped:
+        if self.finished_before(batch_time) or not self.has_rows(batch_time):
             return self.env.empty_frame(node.output_schema.struct)
         df = self.parent_frame(batch_time)
         missing = [k for k in node.key_names if k not in df.columns]
@@ -348,9 +332,10 @@ class StatefulRuntime(StreamRuntime):
             journal=self._checkpoint.events,
         )
         task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
-        self._stats[batch_time] = stats
+        batch = self._part_of(batch_time)
+        batch.stats = stats
         n = metadata.num_partitions
-        kept = self._kept.get(batch_time)
+        kept = batch.kept
         if kept:
             # A re-run batch shuffles only the rows of the partitions it re-runs.
             df = df.where(~placement(node.key_names, n).isin(*sorted(kept)))
@@ -359,21 +344,22 @@ class StatefulRuntime(StreamRuntime):
 
     def release(self, batch_time: int, df: DataFrame) -> None:
         df.unpersist()
-        stats = self._stats.pop(batch_time, None)
-        if stats is not None:
-            forget_accumulator(stats)
-        self._kept.pop(batch_time, None)
-        self._started.pop(batch_time, None)
-        self._final_stats.pop(batch_time, None)
+        batch = self.batch(batch_time)
+        if batch is not None and batch.stats is not None:
+            forget_accumulator(batch.stats)
+            batch.stats = None
 
     def clear_metadata(self, batch_time: int) -> None:
         super().clear_metadata(batch_time)
-        # A skipped batch stays known as one for as long as a window downstream may read it.
-        self._skipped = {t for t in self._skipped if t > batch_time - self.remember_ms}
+        # A batch's part goes with its DataFrame; a skipped batch stays known as one for as long
+        # as a window downstream may read it.
+        for t in [t for t in self._batches if t <= batch_time - self.remember_ms]:
+            del self._batches[t]
 
     def has_rows(self, batch_time: int) -> bool:
         """False for a batch this operator skipped: no row came and no timer was due."""
-        return batch_time not in self._skipped
+        batch = self.batch(batch_time)
+        return batch is None or not batch.skipped
 
     def watermark_ms(self) -> int | None:
         event_time = self.node.event_time
@@ -385,7 +371,7 @@ class StatefulRuntime(StreamRuntime):
         if self.node.node_id not in self.env.consumed or not self.is_time_valid(batch_time):
             return None
         watermark = self.watermark_ms()
-        if not self._unfinished and self._partitions_to_run(
+        if not self._awaiting_commit() and self._partitions_to_run(
                 batch_time, self.parents[0].finished_before(batch_time), watermark) == frozenset():
             # Every earlier batch is committed, so the driver's view of the timers is current:
             # nothing is due and no row comes. The batch builds no DataFrame and runs no job.
@@ -394,11 +380,15 @@ class StatefulRuntime(StreamRuntime):
         df = self.get_or_compute(batch_time)
         if df is None:
             return None
-        self._unfinished.add(batch_time)
+        self._part_of(batch_time).awaiting_commit = True
         return Job(batch_time, self.name, lambda: self._run(batch_time, df), JobKind.STATE)
 
+    def _awaiting_commit(self) -> bool:
+        """Whether a batch whose job was generated has not committed yet."""
+        return any(batch.awaiting_commit for batch in tuple(self._batches.values()))
+
     def _skip(self, batch_time: int, watermark_ms: int | None) -> None:
-        self._skipped.add(batch_time)
+        self._part_of(batch_time).skipped = True
         self.env.input_info.report_operator(batch_time, operator_progress(
             self.name, self._known_totals(), watermark_ms, 0, len(self._drained)))
         logger.debug("Operator %s skips batch %s: no row and no timer due", self.name, format_batch_time(batch_time))
@@ -407,63 +397,31 @@ class StatefulRuntime(StreamRuntime):
         started = self._start(batch_time, df)
         if started is None:
             return
-        if self._in_output_job:
+        if self._in_output_job is not None:
             # The output's job evaluates the DataFrame under the parameters just published to
             # this thread; the operator's finish job completes the batch after it.
-            self._started[batch_time] = started
+            self._in_output_job.started(self._part_of(batch_time), started)
             return
-        self._complete(batch_time, df, started)
+        self.complete(batch_time, df, started)
 
     def finish_job(self, batch_time: int) -> Job | None:
-        if not self._in_output_job or batch_time not in self._unfinished:
-            return None
-        df = self.get_or_compute(batch_time)
-        return None if df is None else Job(batch_time, self.name, lambda: self._finish(batch_time, df),
-                                             JobKind.STATE_COMPLETION)
-
-    def _finish(self, batch_time: int, df: DataFrame) -> None:
-        started = self._started.pop(batch_time, None)
-        if started is not None:
-            self._complete(batch_time, df, started)
+        return None if self._in_output_job is None else self._in_output_job.finish_job(batch_time)
 
     def explain_failure(self, batch_time: int, error: BaseException) -> BaseException | None:
-        """A failure of the operator's own part of its output's job is the operator's, as if
-        its own job had failed: a state function's error (raised as ``StateFunctionError``), or
-        a task that did not finish its partition (a Python worker that died). An output that
-        evaluated the DataFrame on a thread without the batch's parameters made a mistake no
-        retry mends: that is raised as a ``ConfigurationError``."""
-        if not self._in_output_job:
-            return None
-        missing = missing_params_error(self.name)
-        for cause in error_chain(error):
-            found = error_from_task(cause)
-            if found is not None:
-                return FailedIn(self._naming_job(batch_time), found)
-            if str(missing) in str(cause):
-                return missing
-        started = self._started.get(batch_time)
-        if started is not None and not self._all_reported(self._reported(batch_time, started.params)):
-            root = error
-            while root.__cause__ is not None:  # the Spark job's error under the sink's
-                root = root.__cause__
-            return FailedIn(self._naming_job(batch_time), root)
-        return None
+        return None if self._in_output_job is None else self._in_output_job.explain_failure(batch_time, error)
 
-    def _naming_job(self, batch_time: int) -> Job:
-        """The operator's job of the batch, as a failure inside its output's job names it."""
-        return Job(batch_time, self.name, lambda: None, JobKind.STATE)
-
-    def _start(self, batch_time: int, df: DataFrame) -> _Started | None:
+    def _start(self, batch_time: int, df: DataFrame) -> Started | None:
         """Decide what the batch runs and publish its parameters to this thread's jobs; None
         when it runs nothing (skipped, or the operator has finished)."""
-        self._started.pop(batch_time, None)  # an earlier attempt's decision does not hold
+        batch = self._part_of(batch_time)
+        batch.started = None  # an earlier attempt's decision does not hold
         # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
         ending = self.parents[0].finished_before(batch_time)
         fire = ending and self.node.times_out_at_end
         watermark = END_OF_TIME_MS if fire and self.node.event_time is not None else self.watermark_ms()
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
-                             keep_finished=batch_time not in self._rerun_whole, end_of_input=fire,
+                             keep_finished=not batch.rerun_whole, end_of_input=fire,
                              finished_partitions=tuple(sorted(self._drained)), behind=dict(self._behind))
         if self.finished_before(batch_time):
             # Drained in an earlier batch, which ended after this one's job was built: publish
@@ -491,42 +449,45 @@ class StatefulRuntime(StreamRuntime):
             self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
                 self.name, self.metadata.num_partitions, self.metadata.generation))
         publish_batch_params(self.env.spark.sparkContext, self.name, params)
-        return _Started(params, running, ending, watermark)
+        return Started(params, running, ending, watermark)
 
-    def _complete(self, batch_time: int, df: DataFrame, started: _Started) -> None:
+    def complete(self, batch_time: int, df: DataFrame, started: Started) -> None:
         """Run what no job ran yet, then take on what the tasks reported."""
-        stats = self._reported(batch_time, started.params) if self._in_output_job else None
-        if stats is None or not self._all_reported(stats):
+        batch = self._part_of(batch_time)
+        stats = self.reported(batch_time, started.params) if self._in_output_job is not None else None
+        if stats is None or not self.all_reported(stats):
             # The operator's own job; or, after its output's job, the partitions that job did not
             # evaluate (it had committed the batch before a crash and wrote nothing, or read only
             # some rows): the DataFrame is persisted, so what it evaluated does not run again.
             run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
-            stats = self._reported(batch_time, started.params)
-        self._final_stats[batch_time] = stats
+            stats = self.reported(batch_time, started.params)
         running, ending, watermark = started.running, started.ending, started.watermark_ms
-        self._rerun_whole.discard(batch_time)
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
-        self._ran[batch_time] = running - self._drained
-        facts = self._ran_facts[batch_time] = self._facts_after(running, stats)
+        facts = self._facts_after(running, stats)
+        batch.took_on(stats, running - self._drained, facts)
         if ending:
             self._drain(batch_time, stats)
         totals = stats if facts is None else dataclasses.replace(
             stats, state_keys=sum(f.keys for f in facts.values()),
             state_bytes=sum(f.state_bytes for f in facts.values()))
         self.env.input_info.report_operator(batch_time, operator_progress(
-            self.name, totals, watermark, len(self._kept.get(batch_time, ())), len(self._drained)))
+            self.name, totals, watermark, len(batch.kept), len(self._drained)))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
 
-    def _reported(self, batch_time: int, params: BatchParams) -> Stats:
+    def reported(self, batch_time: int, params: BatchParams) -> Stats:
         """What the batch's tasks reported, completed from the partitions' finish records: a
         task that finished its partition inside the output's job and then failed in the
         output's own part (a write that failed) reports nothing, and a retry of the batch reads
         the partition's cached rows without running it again. Partitions that sat the batch
         out, or had drained, did nothing to report."""
-        stats: Stats = self._stats[batch_time].value
+        accumulator = self._part_of(batch_time).stats
+        if accumulator is None:
+            raise ContextStateError(f"operator {self.name!r} ran batch {batch_time} before building its DataFrame; "
+                                    "this is a bug in batchline, please report it")
+        stats: Stats = accumulator.value
         generation = self.metadata.generation if self.metadata is not None else 0
         for p in range(self.num_partitions):
             if stats.partitions >> p & 1:
@@ -537,7 +498,7 @@ class StatefulRuntime(StreamRuntime):
                 stats = stats.merge(Stats.from_json(record.stats))
         return stats
 
-    def _all_reported(self, stats: Stats) -> bool:
+    def all_reported(self, stats: Stats) -> bool:
         return stats.partitions == (1 << self.num_partitions) - 1
 
     def _partitions_to_run(self, batch_time: int, ending: bool, watermark_ms: int | None) -> frozenset[int] | None:
@@ -545,8 +506,9 @@ class StatefulRuntime(StreamRuntime):
         not know every partition's timers, or the batch is special: the inputs' end, a re-run
         after a crash); else those whose earliest timer is due, as ``_call_function`` fires
         them (``last_due``). Empty: skip the batch."""
+        batch = self.batch(batch_time)
         if (self._facts is None or ending or self.parents[0].has_rows(batch_time)
-                or batch_time in self._kept or batch_time in self._rerun_whole):
+                or (batch is not None and (batch.kept or batch.rerun_whole))):
             return None
         if self.metadata is not None and self._facts_generation not in (None, self.metadata.generation):
             return None  # the state was rescaled or rewritten offline since: its timers are not known
@@ -578,14 +540,14 @@ class StatefulRuntime(StreamRuntime):
         events, generation, partitions = self._checkpoint.events, self.metadata.generation, self.metadata.num_partitions
         if whole:
             events.forget_finished(batch_time, self.name, generation, partitions)
-            self._rerun_whole.add(batch_time)
+            self._part_of(batch_time).rerun_whole = True
             return
         # Only a partition whose output is there to be read back keeps its work, and leaves its
         # rows out of the re-run's shuffle.
         kept = [p for p in range(partitions) if events.finished(batch_time, self.name, generation, p) is not None
                 and self._files.has_version(generation, p, batch_time, OUTPUT)]
         if kept:
-            self._kept[batch_time] = frozenset(kept)
+            self._part_of(batch_time).kept = frozenset(kept)
             logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
                         format_batch_time(batch_time), len(kept), partitions, self.name, partitions - len(kept))
             logger.info("Batch %s: the rows of the kept partitions %s of operator %r are left out of its shuffle",
@@ -593,11 +555,12 @@ class StatefulRuntime(StreamRuntime):
 
     def verify(self, batch_time: int) -> None:
         """Every state partition ran: a partition that did not would lose its keys' batch."""
-        if batch_time not in self._ran:
+        batch = self.batch(batch_time)
+        if batch is None or batch.ran is None or batch.reported is None:
             return
-        stats = self._final_stats[batch_time]
-        if not self._all_reported(stats):
-            del self._ran[batch_time]
+        stats = batch.reported
+        if not self.all_reported(stats):
+            batch.ran = None
             ran = [p for p in range(self.num_partitions) if stats.partitions >> p & 1]
             missing = sorted(set(range(self.num_partitions)) - set(ran))
             if self.metadata is not None:

@@ -37,6 +37,8 @@ from batchline.testing import END, BatchRecorder, list_stream
 from tests.helpers import LogWatcher, wait_for
 
 SCHEDULER = "batchline.scheduler.job_scheduler"
+BATCH_RUN = "batchline.scheduler.batch_run"
+"""Where a batch says it retries, runs again or was cancelled."""
 OPERATOR = "numbering"
 KEYS, PER_BATCH, BATCHES = 12, 48, 4
 KILL_BATCH = 2
@@ -218,11 +220,12 @@ def test_a_python_worker_killed_mid_batch_loses_and_duplicates_nothing(spark, tm
     progress = with_input[KILL_BATCH].state_operators[OPERATOR]
     assert (progress.input_rows, progress.keys_called, progress.output_rows, progress.state_keys) == (
         PER_BATCH, KEYS, PER_BATCH, KEYS)
-    warnings = [r.getMessage() for r in log.records if r.name == SCHEDULER and r.levelno >= logging.WARNING]
+    warnings = [r.getMessage() for r in log.records
+                if r.name in (SCHEDULER, BATCH_RUN) and r.levelno >= logging.WARNING]
     assert len(warnings) == 1, warnings
     assert f"failed in operator '{OPERATOR}' (attempt 1 of 3)" in warnings[0], warnings
     assert warnings[0].endswith("; retrying in 100 ms"), warnings
-    assert any(m.startswith("Running batch") and m.endswith("again (attempt 2 of 3)") for m in log.messages(SCHEDULER))
+    assert any(m.startswith("Running batch") and m.endswith("again (attempt 2 of 3)") for m in log.messages(BATCH_RUN))
 
     rows_expected, counts = expected()
     got = output_rows(out)

@@ -22,6 +22,8 @@ from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import Count, LogWatcher, drive_until_done, running_count
 
 SCHEDULER = "batchline.scheduler.job_scheduler"
+BATCH_RUN = "batchline.scheduler.batch_run"
+"""Where a batch says it retries, runs again or was cancelled."""
 SCHEMA = StructType([StructField("n", LongType(), False)])
 KEYED = StructType([StructField("key", StringType()), StructField("value", LongType())])
 MINUTE = 60_000
@@ -88,7 +90,7 @@ def make_context(spark, retry, start_ms=10_500, **kwargs):
 
 def warnings(logs):
     """The scheduler's WARN lines (not its ERROR ones)."""
-    return [r.getMessage() for r in logs.records if r.name == SCHEDULER and r.levelno == logging.WARNING]
+    return [r.getMessage() for r in logs.records if r.name in (SCHEDULER, BATCH_RUN) and r.levelno == logging.WARNING]
 
 
 POLICY = RetryPolicy(max_attempts=4, initial_backoff="1s", multiplier=3, max_backoff="5s")
@@ -160,7 +162,7 @@ def test_a_failing_output_is_retried_with_backoff_then_delivers_once(spark):
         f"Batch {BATCH_TEXT} failed in output 'flaky' (attempt 2 of 4): ConnectionError: the database did not answer; "
         "retrying in 3000 ms",
     ]
-    assert f"Running batch {BATCH_TEXT} again (attempt 3 of 4)" in logs.messages(SCHEDULER)
+    assert f"Running batch {BATCH_TEXT} again (attempt 3 of 4)" in logs.messages(BATCH_RUN)
     assert output.calls == 3 and output.delivered == [(BATCH, [1, 2, 3])]
     assert info.failure is None and info.attempts == 3
     assert (info.processing_start_time, info.processing_end_time) == (BATCH, BATCH + 4000)  # the waits count
@@ -257,7 +259,7 @@ def test_an_immediate_stop_cuts_a_backoff_wait_short(spark):
         assert ssc.await_termination(1)  # a stop is not an error
     info = recorder.wait_for_batch(BATCH)
     assert info.attempts == 1 and info.failure is not None and output.calls == 1
-    assert any(m.startswith(f"Batch {BATCH} was cancelled by the stop") for m in logs.messages(SCHEDULER))
+    assert any(m.startswith(f"Batch {BATCH} was cancelled by the stop") for m in logs.messages(BATCH_RUN))
     assert not any("did not return" in m for m in warnings(logs))
     assert recorder.errors == []
 

@@ -7,6 +7,7 @@ import time
 
 from batchline import StreamingContext
 from batchline.clock import SystemClock
+from batchline.scheduler.batch_run import BatchRun
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job, JobKind, JobSet
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
@@ -15,6 +16,20 @@ from batchline.scheduler.listener import ListenerBus
 from batchline.scheduler.retry import RetryPolicy
 from batchline.testing import BatchRecorder
 from tests.helpers import LogWatcher, poll_until
+
+
+class _NothingToCommit:
+    """A pipeline whose batches have nothing to commit: the scheduler alone is under test."""
+
+    def jobs_for(self, batch_time: int) -> list[Job]:
+        return []
+
+    def commit(self, batch_time: int) -> None:
+        pass
+
+
+def _run(job_set: JobSet) -> BatchRun:
+    return BatchRun(job_set, _NothingToCommit())
 
 
 def test_a_timed_out_graceful_stop_cancels_the_running_batch_before_releasing_the_lease(spark, tmp_path):
@@ -71,8 +86,8 @@ def test_a_committed_batch_still_telling_its_listeners_is_not_named_unfinished(s
     committed = threading.Event()
     lifecycle = _SlowToTell(committed)
     scheduler = JobScheduler(SchedulerSettings(200, 1, 5000, "batchline-test-slow-tell"), spark, SystemClock(),
-                             lifecycle, on_error=lambda error: None, commit=lambda batch_time: None)
-    scheduler.submit_job_set(JobSet(1000, [], {}, submission_time=0))
+                             lifecycle, on_error=lambda error: None)
+    scheduler.submit(_run(JobSet(1000, [], {}, submission_time=0)))
     assert committed.wait(30)
     # The generator saw the batch committed, so a graceful stop asks which batches are left.
     assert scheduler.shutdown(graceful=True) == []
@@ -86,7 +101,7 @@ def test_a_batch_after_one_that_failed_for_good_runs_none_of_its_jobs(spark):
     lifecycle = BatchLifecycle(ListenerBus(), SystemClock(), InputInfoTracker(), 200)
     scheduler = JobScheduler(
         SchedulerSettings(200, 1, 5000, "batchline-test-failed-turn", overlap_commits=True), spark, SystemClock(),
-        lifecycle, on_error=lambda error: None, commit=lambda batch_time: None)
+        lifecycle, on_error=lambda error: None)
     first_started, let_first_fail = threading.Event(), threading.Event()
     ran: list[int] = []
 
@@ -98,9 +113,9 @@ def test_a_batch_after_one_that_failed_for_good_runs_none_of_its_jobs(spark):
     def output() -> None:
         ran.append(2000)
 
-    scheduler.submit_job_set(JobSet(1000, [Job(1000, "out", failing, JobKind.OUTPUT)], {}, submission_time=0))
+    scheduler.submit(_run(JobSet(1000, [Job(1000, "out", failing, JobKind.OUTPUT)], {}, submission_time=0)))
     assert first_started.wait(30)
-    scheduler.submit_job_set(JobSet(2000, [Job(2000, "out", output, JobKind.OUTPUT)], {}, submission_time=0))
+    scheduler.submit(_run(JobSet(2000, [Job(2000, "out", output, JobKind.OUTPUT)], {}, submission_time=0)))
     let_first_fail.set()  # the second batch already waits for the slot
     assert scheduler.wait_for_running_jobs(30)
     scheduler.shutdown(graceful=True)

@@ -123,3 +123,69 @@ def test_the_cycle_finder_finds_a_cycle():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert cycles(graph) == [["a", "b", "c"]]
     assert "a -> b" in _describe(["a", "b", "c"], graph)
+
+
+# A stateful operator keeps its part of each batch in one object per batch (``OperatorBatch``),
+# in one map; its runtime holds nothing else keyed by batch time. Besides that map, only the
+# DataFrames every stream keeps per batch (``StreamRuntime._generated``) are allowed.
+_PER_BATCH_MAPS = {"_batches", "_generated"}
+_BATCH_TIME_NAMES = {"batch_time", "time", "t"}
+_KEYED_CALLS = {"add", "discard", "remove", "pop", "get", "setdefault"}
+
+
+def _is_operator_class(cls: ast.ClassDef, module: str) -> bool:
+    """An operator's runtime (a ``...Runtime`` class) or the fused path that works for it."""
+    bases = [b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else "" for b in cls.bases]
+    return cls.name.endswith("Runtime") or any(b.endswith("Runtime") for b in bases) or module == "in_output_job"
+
+
+def batch_keyed_attributes(source: str, module: str) -> dict[str, set[str]]:
+    """Per operator class in ``source``: the attributes of ``self`` that it indexes, tests or
+    updates by a batch time (``self.x[batch_time]``, ``batch_time in self.x``,
+    ``self.x.add(batch_time)``, ...), other than the one per-batch map."""
+    found: dict[str, set[str]] = {}
+    for cls in ast.walk(ast.parse(source)):
+        if not isinstance(cls, ast.ClassDef) or not _is_operator_class(cls, module):
+            continue
+        for node in ast.walk(cls):
+            pairs: list[tuple[ast.AST, ast.AST]] = []
+            if isinstance(node, ast.Subscript):
+                pairs.append((node.value, node.slice))
+            elif isinstance(node, ast.Compare):
+                pairs += [(right, node.left) for op, right in zip(node.ops, node.comparators, strict=True)
+                          if isinstance(op, ast.In | ast.NotIn)]
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args:
+                if node.func.attr in _KEYED_CALLS:
+                    pairs.append((node.func.value, node.args[0]))
+            for target, key in pairs:
+                if (isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name)
+                        and target.value.id == "self" and isinstance(key, ast.Name)
+                        and key.id in _BATCH_TIME_NAMES and target.attr not in _PER_BATCH_MAPS):
+                    found.setdefault(cls.name, set()).add(target.attr)
+    return found
+
+
+def test_an_operator_keeps_its_part_of_a_batch_in_one_object():
+    found: dict[str, set[str]] = {}
+    for path in sorted((PACKAGE / "state").glob("*.py")):
+        for cls, attributes in batch_keyed_attributes(path.read_text(), path.stem).items():
+            found[f"{path.stem}.{cls}"] = attributes
+    assert not found, ("attributes keyed by batch time besides the per-batch map (keep a batch's part in "
+                       f"OperatorBatch): {found}")
+
+
+def test_the_batch_key_finder_finds_a_batch_keyed_set():
+    source = '''
+class LeakyRuntime(StreamRuntime):
+    def __init__(self):
+        self._skipped = set()
+        self._batches = {}
+
+    def skip(self, batch_time):
+        self._skipped.add(batch_time)
+        self._batches[batch_time] = 1
+
+    def has_rows(self, batch_time):
+        return batch_time not in self._skipped
+'''
+    assert batch_keyed_attributes(source, "stateful") == {"LeakyRuntime": {"_skipped"}}
