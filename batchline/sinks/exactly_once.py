@@ -59,7 +59,7 @@ import threading
 import uuid
 from abc import abstractmethod
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import chain
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -159,7 +159,7 @@ class ExactlyOnceSink(Sink, Generic[Message]):
             return None
         # Step 2
         attempt = WriteAttempt(batch, uuid.uuid4().hex[:16])
-        attempt = WriteAttempt(batch, attempt.id, self.prepare(df, attempt))
+        attempt = replace(attempt, prepared=self.prepare(df, attempt))
         # Step 3
         try:
             found = batch.map_in_arrow(df, _partition_task(self, attempt), _MESSAGES_DDL).collect()

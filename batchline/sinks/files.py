@@ -149,20 +149,15 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                       else self._own.full_url(_record_name(last)))
         return {"path": self.path, "batch_time": last, "record": record}
 
-    def write(self, df: DataFrame, batch: BatchContext | int) -> None:  # type: ignore[override]
+    def write(self, df: DataFrame, batch: BatchContext | int) -> None:
         """Commit one batch (a ``BatchContext``, or its time in ms), exactly once across crashes
         and restarts, in the steps of ``ExactlyOnceSink.write``:
 
-        Step 1: a commit record of this batch exists: it was committed before; publish what is
-                missing of it (Step 5) and clean up (Step 6), without computing or writing it
-                again (``is_committed``).
-        Step 2: the tasks write their partitions' rows to a fresh staging directory
-                (``write_partition``).
-        Step 3: no rows: nothing to commit (no directory at all); a batch directory without a
-                record was written by an earlier release of this sink: leave it (``abort``,
-                ``commit``).
-        Step 4: write the commit record naming the staged files, exclusively: the batch is
-                committed (``commit``).
+        Step 1: its commit record exists: publish what is missing (Steps 5, 6), compute nothing.
+        Step 2: the tasks write their partitions' rows to a fresh staging directory.
+        Step 3: no rows: nothing to commit; a batch directory without a record (written by an
+                earlier release of this sink) is left as it is.
+        Step 4: write the commit record naming the staged files, exclusively: the batch is committed.
         Step 5: publish the files to batch_time=<t>/: one rename on a local disk, else a copy per
                 file that is not in place yet.
         Step 6: delete the batch's staging (with any leftovers of crashed attempts).
