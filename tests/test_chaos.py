@@ -166,7 +166,7 @@ def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_noth
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     rng = random.Random(31)
     kills_after_commits = 0
-    for _ in range(8):
+    for _ in range(6):
         driver = Driver(inputs, out, checkpoint, "--jsonl-sink")
         assert driver.started.wait(60), "the driver did not start"
         if rng.random() < 0.25:
@@ -180,7 +180,7 @@ def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_noth
         driver.kill()
         assert set(jsonl_ids(out).values()) <= {1}, "a row was committed twice"
     run_to_completion(inputs, out, checkpoint, "--jsonl-sink", read=jsonl_ids)
-    assert kills_after_commits >= 4, f"only {kills_after_commits} kills came after a batch completed"
+    assert kills_after_commits >= 3, f"only {kills_after_commits} kills came after a batch completed"
     assert jsonl_ids(out) == collections.Counter(f"f{f:02d}-r{r:02d}" for f in range(FILES) for r in range(PER_FILE))
 
 
