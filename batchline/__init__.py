@@ -14,9 +14,10 @@ from batchline.errors import (
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.progress import BatchProgress
 from batchline.scheduler.retry import RetryPolicy
+from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
+from batchline.sinks.sink import BatchContext, PendingCommit, Sink, SinkContext
 from batchline.sources.receiver import Receiver
 from batchline.sources.source import DeadLetter, Source, SourceBatch
-from batchline.streams.sink import BatchContext, PendingCommit, Sink, SinkContext
 
 __all__ = [
     "BatchContext",
@@ -30,6 +31,7 @@ __all__ = [
     "ContextState",
     "ContextStateError",
     "DeadLetter",
+    "ExactlyOnceSink",
     "KeyedStream",
     "ManualClock",
     "NoOutputOperationError",
@@ -44,6 +46,7 @@ __all__ = [
     "StreamingContext",
     "StreamingListener",
     "SystemClock",
+    "WriteAttempt",
 ]
 
 __version__ = "0.1.0"

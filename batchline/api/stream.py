@@ -18,6 +18,7 @@ from batchline.errors import ConfigurationError
 from batchline.sinks.console import ConsoleSink
 from batchline.sinks.files import DEFAULT_KEEP_COMMITS, FileSink
 from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink
+from batchline.sinks.sink import ForeachBatchSink, Sink
 from batchline.sources.files import FileSource
 from batchline.sources.queue import QueueSource
 from batchline.sources.source_input import SourceInput
@@ -26,7 +27,6 @@ from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
 from batchline.streams.base import Watermark
 from batchline.streams.nodes import union_all
-from batchline.streams.sink import ForeachBatchSink, Sink
 
 __all__ = ["Stream", "KeyedStream", "InputStream", "FileStream", "QueueStream"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pyspark.sql import DataFrame
 
-from batchline.streams.sink import BatchContext, Sink
+from batchline.sinks.sink import BatchContext, Sink
 
 __all__ = ["ConsoleSink"]
 

@@ -2,7 +2,8 @@
 
 Spark's own file writer cannot reach ``s3://`` without Hadoop's S3 connector (pip's PySpark
 has none), leaves ``_SUCCESS`` markers, ``.crc`` files and zero-byte part files, and its part
-files appear one by one. So the sink writes the files itself, in three stages:
+files appear one by one. So the sink writes the files itself, in three stages (on
+``ExactlyOnceSink``: the tasks stage, the driver commits):
 
 - Spark tasks write their partition's rows with pyarrow through fsspec to
   ``<own>/staging/<batch_time>/<attempt>/part-<partition>.<ext>`` (an empty partition
@@ -44,7 +45,6 @@ as they are.
 from __future__ import annotations
 
 import base64
-import contextlib
 import json
 import logging
 import os
@@ -66,7 +66,8 @@ from pyspark.sql import DataFrame
 from batchline.batch_time import BatchTime
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, fsync_path, seal
 from batchline.errors import ConfigurationError, SinkError
-from batchline.streams.sink import BatchContext, Sink
+from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
+from batchline.sinks.sink import NO_FENCING_TOKEN, BatchContext
 
 __all__ = ["FileSink", "FILE_SINK_FORMATS"]
 
@@ -89,13 +90,14 @@ PARQUET_COMPRESSIONS = ("snappy", "gzip", "zstd", "brotli", "lz4", "none")
 # SIGKILLs its own process at the named point, "before-record" or "after-record:<files published>".
 TEST_KILL_VARIABLE = "BATCHLINE_TEST_KILL_AT"
 
-_STAGED = pa.schema([("file", pa.string()), ("rows", pa.int64()), ("bytes", pa.int64())])
-_STAGED_DDL = "file string, rows long, bytes long"
 
-
-class FileSink(Sink):
+class FileSink(ExactlyOnceSink[dict[str, Any]]):
     """Writes batch ``t`` to ``<path>/batch_time=<t>/`` (a Hive-style partition readers understand),
     on a local path or any fsspec URL (``storage_options`` for its file system)."""
+
+    commit_after_jobs = False
+    """A batch is committed and published by the time ``write`` returns (a ``foreach_batch``
+    function that calls ``write`` relies on it)."""
 
     def __init__(self, path: str, format: str = "parquet", options: dict[str, Any] | None = None,
                  storage_options: dict[str, Any] | None = None, keep_commits: int = DEFAULT_KEEP_COMMITS) -> None:
@@ -117,7 +119,6 @@ class FileSink(Sink):
         self.storage_options = dict(storage_options or {})
         self._storage = CheckpointStorage(self.path, self.storage_options)
         self._own = CheckpointStorage(own_location(self.path), self.storage_options)
-        self._last_commit: int | None = None
         self.keep_commits = keep_commits
         self._compacted_through: int | None = None
         """Every batch up to this time that was committed is compacted (None: not read yet, or none)."""
@@ -136,7 +137,7 @@ class FileSink(Sink):
     def last_commit(self) -> dict[str, Any]:
         """The newest batch committed to this output, for a finished pipeline's final
         checkpoint (SPEC G3); found among the commit records when this run committed none."""
-        last = self._last_commit
+        last = self.newest_commit
         if last is None:
             # Bounded: compaction leaves about keep_commits records.
             names = self._own.list_names(COMMITS_DIR) + self._storage.list_names(LEGACY_COMMITS_DIR)
@@ -150,63 +151,72 @@ class FileSink(Sink):
 
     def write(self, df: DataFrame, batch: BatchContext | int) -> None:
         """Commit one batch (a ``BatchContext``, or its time in ms), exactly once across crashes
-        and restarts.
+        and restarts, in the steps of ``ExactlyOnceSink.write``:
 
-        Step 1: a commit record of this batch exists: it was committed before; publish what is
-                missing of it (Step 5) and clean up (Step 6), without computing or writing it again.
+        Step 1: its commit record exists: publish what is missing (Steps 5, 6), compute nothing.
         Step 2: the tasks write their partitions' rows to a fresh staging directory.
-        Step 3: no rows: nothing to commit (no directory at all); a batch directory without a
-                record was written by an earlier release of this sink: leave it.
+        Step 3: no rows: nothing to commit; a batch directory without a record (written by an
+                earlier release of this sink) is left as it is.
         Step 4: write the commit record naming the staged files, exclusively: the batch is committed.
         Step 5: publish the files to batch_time=<t>/: one rename on a local disk, else a copy per
                 file that is not in place yet.
         Step 6: delete the batch's staging (with any leftovers of crashed attempts).
         """
-        time_ms = int(batch.batch_time if isinstance(batch, BatchContext) else batch)
-        batch_time = BatchTime(time_ms)
-        # Step 1
+        if not isinstance(batch, BatchContext):
+            batch = BatchContext(BatchTime(int(batch)), f"files:{self.path}", "batchline", NO_FENCING_TOKEN)
+        super().write(df, batch)
+
+    # ---------------------------------------------------------------- the steps
+    def is_committed(self, batch: BatchContext) -> bool:
+        """Step 1."""
+        time_ms = int(batch.batch_time)
         record = self._read_record(time_ms)
-        if record is not None and record.get("compacted"):
+        if record is None:
+            return False
+        if record.get("compacted"):
             logger.info("Batch %s was committed to %s before and its record compacted (%s): it is complete; "
-                        "nothing is written again", batch_time, self.path, self._own.full_url(COMPACTED_RECORD))
+                        "nothing is written again", batch.batch_time, self.path, self._own.full_url(COMPACTED_RECORD))
             self._drop_staging(time_ms)
-            return
-        if record is not None:
-            logger.info("Batch %s was committed to %s before; completing it without writing it again",
-                        batch_time, self.path)
-            try:
-                self._publish(time_ms, record, fresh=False)
-                self._drop_staging(time_ms, legacy=bool(record.get("legacy")))
-                self._last_commit = max(time_ms, self._last_commit or time_ms)
-            except OSError as error:
-                raise SinkError(
-                    f"completing batch {batch_time} in {self.path} failed: {error}. Start the pipeline again to "
-                    "complete it; the batch is committed and is not written twice") from error
-            return
-        # Step 2
-        staged_dir = f"{STAGING_DIR}/{time_ms}/{uuid.uuid4().hex[:16]}"
-        task = _partition_writer(self._own.url, self.storage_options, staged_dir, self.format, self.options)
+            return True
+        logger.info("Batch %s was committed to %s before; completing it without writing it again",
+                    batch.batch_time, self.path)
         try:
-            staged = sorted(df.mapInArrow(task, _STAGED_DDL).collect(), key=lambda row: row["file"])
-        except Exception as error:
-            with contextlib.suppress(OSError):
-                self._own.delete(staged_dir, recursive=True)
+            self._publish(time_ms, record, fresh=False)
+            self._drop_staging(time_ms, legacy=bool(record.get("legacy")))
+            self.note_committed(time_ms)
+        except OSError as error:
             raise SinkError(
-                f"writing batch {batch_time} to {self.path} failed: {error}. Nothing of the batch is visible; "
-                "fix the cause and start the pipeline again, which writes the batch anew"
-            ) from error
+                f"completing batch {batch.batch_time} in {self.path} failed: {error}. Start the pipeline again to "
+                "complete it; the batch is committed and is not written twice") from error
+        return True
+
+    def write_partition(self, rows: Iterator[pa.RecordBatch], attempt: WriteAttempt,
+                        partition: int) -> dict[str, Any]:
+        """Step 2, in a task: the partition's rows to one staged file; its name, rows and bytes."""
+        return _stage_file(rows, self._own.url, self.storage_options, _staged_dir(attempt),
+                           f"part-{partition:05d}.{self.format}", self.format, self.options)
+
+    def write_failed(self, error: Exception, attempt: WriteAttempt) -> Exception:
+        return SinkError(
+            f"writing batch {attempt.batch.batch_time} to {self.path} failed: {error}. Nothing of the batch is "
+            "visible; fix the cause and start the pipeline again, which writes the batch anew")
+
+    def abort(self, messages: list[dict[str, Any]], attempt: WriteAttempt) -> None:
+        """Step 3 without rows, or a failed task: the batch's staging goes."""
+        self._drop_staging(attempt.batch_time)
+
+    def commit(self, messages: list[dict[str, Any]], attempt: WriteAttempt) -> None:
+        """Steps 3 to 6 of a batch whose tasks staged files."""
+        time_ms = attempt.batch_time
         # Step 3
-        if not staged:
-            self._drop_staging(time_ms)
-            return
         if self._storage.exists(_target(time_ms)):
             logger.warning("%s/%s exists without a commit record (written by an earlier release of batchline); "
                            "leaving it as it is", self.path, _target(time_ms))
             self._drop_staging(time_ms)
             return
         # Step 4
-        record = {"batch_time": time_ms, "format": self.format, "staging": staged_dir,
-                  "files": [{"file": row["file"], "rows": row["rows"], "bytes": row["bytes"]} for row in staged]}
+        record = {"batch_time": time_ms, "format": self.format, "staging": _staged_dir(attempt),
+                  "files": sorted(messages, key=lambda staged: staged["file"])}
         _test_kill_point("before-record")
         try:
             if self._own.is_local:  # the staged directory's own entry must outlive a power loss, too
@@ -215,8 +225,8 @@ class FileSink(Sink):
             self._commit(time_ms, record)
         except OSError as error:
             raise SinkError(
-                f"committing batch {batch_time} to {self.path} failed: {error}. Start the pipeline again: it "
-                "completes the batch if its commit record was written, else writes the batch anew"
+                f"committing batch {attempt.batch.batch_time} to {self.path} failed: {error}. Start the pipeline "
+                "again: it completes the batch if its commit record was written, else writes the batch anew"
             ) from error
 
     def _commit(self, time_ms: int, record: dict[str, Any]) -> None:
@@ -238,7 +248,6 @@ class FileSink(Sink):
         self._publish(time_ms, record, fresh=fresh)
         # Step 6
         self._drop_staging(time_ms)
-        self._last_commit = max(time_ms, self._last_commit or time_ms)
         self._commits_since_compaction += 1
         if self._commits_since_compaction >= COMPACT_EVERY:
             self.compact_in_background()
@@ -445,48 +454,40 @@ def _test_kill_point(point: str) -> None:
 
 
 # ------------------------------------------------------------------------------ in the tasks
-def _partition_writer(url: str, storage_options: dict[str, Any], staged_dir: str, format: str,
-                      options: dict[str, Any]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The function each Spark task runs: its partition's rows to one staged file (none when
-    empty); yields the file's name, rows and bytes. The file system is opened in the task."""
+def _staged_dir(attempt: WriteAttempt) -> str:
+    return f"{STAGING_DIR}/{attempt.batch_time}/{attempt.id}"
 
-    def write_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from pyspark import TaskContext
 
-        rows = (batch for batch in batches if batch.num_rows)
-        first = next(rows, None)
-        if first is None:
-            return
-        context = TaskContext.get()
-        name = f"part-{context.partitionId() if context else 0:05d}.{format}"
-        fs, root = fsspec.core.url_to_fs(url, **storage_options)
-        directory = f"{root.rstrip('/')}/{staged_dir}"
-        local = isinstance(fs, LocalFileSystem)
-        if local:  # next to the staging directory, so that one rename puts it in place
-            os.makedirs(directory, exist_ok=True)
-            fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=os.path.dirname(directory))
+def _stage_file(rows: Iterator[pa.RecordBatch], url: str, storage_options: dict[str, Any], staged_dir: str,
+                name: str, format: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A task's rows (at least one) to the staged file ``<staged_dir>/<name>``, whole or absent;
+    its name, rows and bytes. The file system is opened in the task."""
+    first = next(rows)
+    fs, root = fsspec.core.url_to_fs(url, **storage_options)
+    directory = f"{root.rstrip('/')}/{staged_dir}"
+    local = isinstance(fs, LocalFileSystem)
+    if local:  # next to the staging directory, so that one rename puts it in place
+        os.makedirs(directory, exist_ok=True)
+        fd, temp = tempfile.mkstemp(prefix=f".{name}.", suffix=".tmp", dir=os.path.dirname(directory))
+    else:
+        fd, temp = tempfile.mkstemp(prefix="batchline-", suffix=f"-{name}")
+    os.close(fd)
+    try:
+        if format == "parquet":
+            count = _write_parquet(first, rows, temp, options)
         else:
-            fd, temp = tempfile.mkstemp(prefix="batchline-", suffix=f"-{name}")
-        os.close(fd)
-        try:
-            if format == "parquet":
-                count = _write_parquet(first, rows, temp, options)
-            else:
-                count = _write_json(first, rows, temp)
-            size = os.path.getsize(temp)
-            if local:
-                fsync_path(temp)
-                os.replace(temp, f"{directory}/{name}")
-                fsync_path(directory)
-            else:
-                fs.put_file(temp, f"{directory}/{name}")  # one PUT or multipart upload: whole or absent
-        finally:
-            if os.path.exists(temp):
-                os.unlink(temp)
-        yield pa.RecordBatch.from_pylist([{"file": name, "rows": count, "bytes": size}], schema=_STAGED)
-
-    return write_partition
-
+            count = _write_json(first, rows, temp)
+        size = os.path.getsize(temp)
+        if local:
+            fsync_path(temp)
+            os.replace(temp, f"{directory}/{name}")
+            fsync_path(directory)
+        else:
+            fs.put_file(temp, f"{directory}/{name}")  # one PUT or multipart upload: whole or absent
+    finally:
+        if os.path.exists(temp):
+            os.unlink(temp)
+    return {"file": name, "rows": count, "bytes": size}
 
 def _write_parquet(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch], path: str, options: dict[str, Any]) -> int:
     import pyarrow.parquet as pq

@@ -1,4 +1,4 @@
-"""Batches into a PostgreSQL table, exactly once (SPEC C2), on the Sink interface.
+"""Batches into a PostgreSQL table, exactly once (SPEC C2), on ``ExactlyOnceSink``.
 
 Each batch goes in three steps:
 
@@ -13,9 +13,9 @@ Each batch goes in three steps:
    transaction: under a lock per (pipeline, output), it skips a batch already recorded and
    refuses a fencing token older than the newest recorded one (a driver that lost its
    checkpoint lease). Then the staging table is dropped. A batch without rows stops after
-   step 2: no transaction, no progress row. ``write`` returns this step as the batch's
-   ``PendingCommit``: the engine takes it once the batch's jobs all succeeded, in batch
-   order, and in a pipeline without stateful operators while the next batch's tasks run.
+   step 2: no transaction, no progress row. This is the sink's ``commit``: the engine takes
+   it once the batch's jobs all succeeded, in batch order, and in a pipeline without
+   stateful operators while the next batch's tasks run.
 
 ``mode="append"`` inserts the rows; ``mode="upsert"`` inserts or updates by
 ``key`` (``INSERT ... ON CONFLICT``; of several rows with one key in a batch, the last wins).
@@ -26,13 +26,10 @@ The DSN's password never appears in logs, errors or checkpoints.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import functools
 import hashlib
 import logging
-import threading
-import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -41,8 +38,9 @@ from pyspark.sql.types import StructType
 
 from batchline.checkpoint.lease import FencedError
 from batchline.errors import ConfigurationError, SinkError
+from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
 from batchline.sinks.pg_copy import CopyEncoding, copy_encoding
-from batchline.streams.sink import BatchContext, PendingCommit, Sink, SinkContext
+from batchline.sinks.sink import BatchContext, PendingCommit, SinkContext
 
 __all__ = ["PostgresSink", "PROGRESS_TABLE", "describe_dsn"]
 
@@ -84,7 +82,16 @@ def describe_dsn(dsn: str) -> str:
     return f"postgresql://{user}{parts.get('host', 'localhost')}{port}/{parts.get('dbname', '')}"
 
 
-class PostgresSink(Sink):
+@dataclass(frozen=True)
+class _Stage:
+    """An attempt's staging table, and what its tasks need to fill it."""
+
+    table: str
+    schema: StructType
+    encoding: CopyEncoding
+
+
+class PostgresSink(ExactlyOnceSink[int]):
     """Every batch into ``table`` (``name`` or ``schema.name``) of the database at ``dsn``."""
 
     def __init__(self, dsn: str, table: str, mode: str = "append", key: Sequence[str] = (),
@@ -113,8 +120,6 @@ class PostgresSink(Sink):
         self._columns: dict[str, tuple[str, bool, bool]] = {}
         """The table's columns: name -> (data type, nullable, has a default)."""
         self._checked: StructType | None = None
-        self._last_commit: int | None = None
-        self._commit_lock = threading.Lock()
 
     def __repr__(self) -> str:
         return f"PostgresSink({self.where!r}, {self.table!r}, mode={self.mode!r})"
@@ -148,48 +153,52 @@ class PostgresSink(Sink):
     def write(self, df: DataFrame, batch: BatchContext) -> PendingCommit | None:
         """Steps 1 and 2; step 3 is the returned commit (the engine takes it once the batch's
         jobs succeeded; in a pipeline without stateful operators, while the next batch's jobs run)."""
-        context = self._context
-        if context is None:
-            raise SinkError("the PostgreSQL output was not opened; this is a bug in batchline")
-        time_ms = int(batch.batch_time)
         with self._failures_explained(batch):
-            with self._connect() as conn:
-                if self._recorded(conn, context, time_ms) is not None:
-                    logger.info("Batch %s was committed to %s before; not writing it again", batch.batch_time,
-                                self.table)
-                    self._committed(time_ms)
-                    return None
-                self._check_schema(df.schema)
-                stage, encoding = self._create_stage(conn, df.schema)
-            try:
-                copied = batch.map_in_arrow(df, _partition_copier(self._dsn, stage, df.schema.fieldNames(), encoding),
-                                            "part int, rows long")
-                staged = sum(row["rows"] for row in copied.collect())
-            except BaseException:
-                self._drop(stage)
-                raise
-        if not staged:
-            self._drop(stage)
-            return None  # nothing to write: no transaction, no progress row (a re-run writes nothing either)
-        return _StagedBatch(functools.partial(self._move, context, batch, stage, df.schema, staged),
-                            functools.partial(self._drop, stage))
+            return super().write(df, batch)
 
     def last_commit(self) -> dict[str, Any] | None:
-        return {"table": self.table, "batch_time": self._last_commit}
+        return {"table": self.table, "batch_time": self.newest_commit}
 
-    def _move(self, context: SinkContext, batch: BatchContext, stage: str, schema: StructType, staged: int) -> None:
+    # ---------------------------------------------------------------- steps
+    def is_committed(self, batch: BatchContext) -> bool:
+        """Step 1: the progress table holds the batch."""
+        with self._connect() as conn:
+            committed = self._recorded(conn, self._opened(), int(batch.batch_time)) is not None
+        if committed:
+            self.note_committed(int(batch.batch_time))
+        return committed
+
+    def prepare(self, df: DataFrame, attempt: WriteAttempt) -> _Stage:
+        """The stream's columns checked against the table's, and this attempt's staging table."""
+        self._check_schema(df.schema)
+        with self._connect() as conn:
+            stage, encoding = self._create_stage(conn, df.schema, attempt.id[:12])
+        return _Stage(stage, df.schema, encoding)
+
+    def write_partition(self, rows: Iterator[pa.RecordBatch], attempt: WriteAttempt, partition: int) -> int:
+        """Step 2, in a task; returns how many rows it staged."""
+        stage: _Stage = attempt.prepared
+        return _copy_partition(self._dsn, stage.table, stage.schema.fieldNames(), stage.encoding, rows, partition)
+
+    def commit(self, messages: list[int], attempt: WriteAttempt) -> None:
+        """Step 3."""
+        stage: _Stage = attempt.prepared
+        batch = attempt.batch
         try:
             with self._failures_explained(batch), self._connect() as conn:
-                moved = self._commit(conn, context, batch, stage, schema)
+                moved = self._commit(conn, self._opened(), batch, stage.table, stage.schema)
         finally:
-            self._drop(stage)
+            self._drop(stage.table)
         if moved is not None:
-            logger.debug("Batch %s: %d rows into %s (%d staged)", batch.batch_time, moved, self.table, staged)
-        self._committed(int(batch.batch_time))
+            logger.debug("Batch %s: %d rows into %s (%d staged)", batch.batch_time, moved, self.table, sum(messages))
 
-    def _committed(self, time_ms: int) -> None:
-        with self._commit_lock:  # a batch's commit and the next batch's skip may come from two threads
-            self._last_commit = max(time_ms, self._last_commit or time_ms)
+    def abort(self, messages: list[int], attempt: WriteAttempt) -> None:
+        self._drop(attempt.prepared.table)
+
+    def _opened(self) -> SinkContext:
+        if self._context is None:
+            raise SinkError("the PostgreSQL output was not opened; this is a bug in batchline")
+        return self._context
 
     @contextlib.contextmanager
     def _failures_explained(self, batch: BatchContext) -> Iterator[None]:
@@ -204,7 +213,6 @@ class PostgresSink(Sink):
                 f"writing batch {batch.batch_time} to {self.table} at {self.where} failed: {self._scrub(error)}. "
                 "Nothing of the batch is in the table; it runs again (retries, or the next start)") from None
 
-    # ---------------------------------------------------------------- steps
     def _commit(self, conn: Any, context: SinkContext, batch: BatchContext, stage: str,
                 schema: StructType) -> int | None:
         """Step 3: the staged rows and the progress row in one transaction (None: committed before)."""
@@ -249,12 +257,12 @@ class PostgresSink(Sink):
                        "ON CONFLICT ({}) {}").format(target, columns, keys, columns, source, keys,
                                                      sql.Identifier(_PART), sql.Identifier(_ROW), keys, action)
 
-    def _create_stage(self, conn: Any, schema: StructType) -> tuple[str, CopyEncoding]:
+    def _create_stage(self, conn: Any, schema: StructType, attempt: str) -> tuple[str, CopyEncoding]:
         """An unlogged table for this attempt's rows: the stream's columns as the table has
         them, and each row's partition and place in it."""
         from psycopg import sql
 
-        stage = f"{_STAGE_PREFIX}{self._digest()}_{uuid.uuid4().hex[:12]}"
+        stage = f"{_STAGE_PREFIX}{self._digest()}_{attempt}"
         columns = sql.SQL(", ").join(sql.Identifier(name) for name in schema.fieldNames())
         conn.execute(sql.SQL("CREATE UNLOGGED TABLE {} AS SELECT {} FROM {} WITH NO DATA").format(
             sql.Identifier(stage), columns, sql.Identifier(*self.table.split("."))))
@@ -372,63 +380,36 @@ def _password(dsn: str) -> str | None:
         return None
 
 
-@dataclasses.dataclass(frozen=True)
-class _StagedBatch(PendingCommit):
-    """Step 3 of a batch whose rows are staged: ``move`` them into the table with the progress
-    row, or ``drop`` them."""
-
-    move: Callable[[], None]
-    drop: Callable[[], None]
-
-    def commit(self) -> None:
-        self.move()
-
-    def abandon(self) -> None:
-        self.drop()
-
-
 # ------------------------------------------------------------------------------ in the tasks
-def _partition_copier(dsn: str, stage: str, columns: list[str],
-                      encoding: CopyEncoding) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """Each task: its partition's rows into the staging table with ``COPY``, replacing what
-    an earlier attempt of the same partition staged, in one transaction."""
+def _copy_partition(dsn: str, stage: str, columns: list[str], encoding: CopyEncoding,
+                    rows: Iterator[pa.RecordBatch], part: int) -> int:
+    """A task's rows (at least one) into the staging table with ``COPY``, replacing what an
+    earlier attempt of the same partition staged, in one transaction; how many it staged."""
+    from psycopg import sql
 
-    def copy_partition(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        from psycopg import sql
-        from pyspark import TaskContext
-
-        rows = (batch for batch in batches if batch.num_rows)
-        first = next(rows, None)
-        context = TaskContext.get()
-        part = context.partitionId() if context else 0
-        if first is None:
-            return
-        lock = int.from_bytes(hashlib.sha1(stage.encode()).digest()[:4], "big", signed=True)
-        names = [*columns, _PART, _ROW]
-        count = 0
-        conn = _locked_connection(dsn, lock, part)
-        try:
-            conn.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(sql.Identifier(stage), sql.Identifier(_PART)),
-                         (part,))
-            with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN ({})").format(
-                    sql.Identifier(stage), sql.SQL(", ").join(map(sql.Identifier, names)),
-                    sql.SQL(encoding.option))) as copy:
-                copy.write(encoding.start())
-                for batch in _chain(first, rows):
-                    copy.write(encoding.rows(
-                        [*batch.columns, pa.array([part] * batch.num_rows, pa.int32()),
-                         pa.array(range(count, count + batch.num_rows), pa.int64())], names))
-                    count += batch.num_rows
-                copy.write(encoding.end())
-            conn.commit()
-        except BaseException:
-            conn.close()
-            raise
-        _KEPT[dsn] = conn
-        yield pa.RecordBatch.from_pylist([{"part": part, "rows": count}],
-                                         schema=pa.schema([("part", pa.int32()), ("rows", pa.int64())]))
-
-    return copy_partition
+    lock = int.from_bytes(hashlib.sha1(stage.encode()).digest()[:4], "big", signed=True)
+    names = [*columns, _PART, _ROW]
+    count = 0
+    conn = _locked_connection(dsn, lock, part)
+    try:
+        conn.execute(sql.SQL("DELETE FROM {} WHERE {} = %s").format(sql.Identifier(stage), sql.Identifier(_PART)),
+                     (part,))
+        with conn.cursor().copy(sql.SQL("COPY {} ({}) FROM STDIN ({})").format(
+                sql.Identifier(stage), sql.SQL(", ").join(map(sql.Identifier, names)),
+                sql.SQL(encoding.option))) as copy:
+            copy.write(encoding.start())
+            for batch in rows:
+                copy.write(encoding.rows(
+                    [*batch.columns, pa.array([part] * batch.num_rows, pa.int32()),
+                     pa.array(range(count, count + batch.num_rows), pa.int64())], names))
+                count += batch.num_rows
+            copy.write(encoding.end())
+        conn.commit()
+    except BaseException:
+        conn.close()
+        raise
+    _KEPT[dsn] = conn
+    return count
 
 
 _KEPT: dict[str, Any] = {}
@@ -465,7 +446,3 @@ def _locked_connection(dsn: str, lock: int, part: int) -> Any:
 def _lock_partition(conn: Any, lock: int, part: int) -> None:
     conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", (lock, part))
 
-
-def _chain(first: pa.RecordBatch, rest: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    yield first
-    yield from rest

@@ -8,13 +8,13 @@ it runs.
   batch's job, verify it, carry progress across restarts, move on at commit).
 - ``nodes``: transformations, windows and watermarks.
 - ``inputs``: the runtime contract of an input (allocate a batch's data, log it, replay it).
-- ``sink``: the interface every output implements (``Sink``), and ``output`` the operation
-  that hands it each batch.
+- ``output``: the operation that hands each batch to a sink (the ``Sink`` interface it
+  calls lives in ``batchline.sinks``, a room below this one).
 - ``graph``: the description of a whole pipeline (its inputs and output operations), and
   ``pipeline`` the running graph built from it at ``start()``.
 
-This room imports nothing from ``sources``, ``state``, ``sinks``, ``recovery`` or ``api``:
-they build on it.
+This room imports nothing from ``sources``, ``state``, ``recovery`` or ``api``: they build on
+it. It uses ``sinks`` (which knows nothing of the stream model) for the interface outputs call.
 """
 
 from batchline.streams.base import Readers, RuntimeEnv, StreamNode, StreamRuntime, Watermark
@@ -23,11 +23,8 @@ from batchline.streams.inputs import InputNode, InputRuntime, RangeReader
 from batchline.streams.nodes import TransformNode, WatermarkNode, WindowNode
 from batchline.streams.output import OutputOperation
 from batchline.streams.pipeline import PipelineRuntime
-from batchline.streams.sink import BatchContext, ForeachBatchSink, Sink, SinkContext
 
 __all__ = [
-    "BatchContext",
-    "ForeachBatchSink",
     "InputNode",
     "InputRuntime",
     "OutputOperation",
@@ -35,8 +32,6 @@ __all__ = [
     "RangeReader",
     "Readers",
     "RuntimeEnv",
-    "Sink",
-    "SinkContext",
     "StreamGraph",
     "StreamNode",
     "StreamRuntime",

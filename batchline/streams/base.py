@@ -15,7 +15,7 @@ import itertools
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +27,7 @@ from batchline.clock import Clock
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job
 from batchline.scheduler.receiver_tracker import ReceiverTracker
+from batchline.sinks.sink import ArrowFunction
 
 __all__ = ["ArrowFunction", "Readers", "RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
 
@@ -34,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 _node_ids = itertools.count()
 
-ArrowFunction = Callable[[Iterator[Any]], Iterator[Any]]
-"""A ``mapInArrow`` function: one partition's ``pyarrow.RecordBatch``es in, batches out."""
 
 
 @dataclass(frozen=True)

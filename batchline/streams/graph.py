@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 
 from batchline.errors import ConfigurationError, NoOutputOperationError
+from batchline.sinks.sink import Sink
 from batchline.streams.base import Readers, StreamNode
 from batchline.streams.inputs import InputNode
 from batchline.streams.output import OutputOperation
-from batchline.streams.sink import Sink
 
 __all__ = ["StreamGraph"]
 

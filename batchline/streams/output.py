@@ -8,8 +8,8 @@ from dataclasses import dataclass, field
 
 from batchline.batch_time import BatchTime
 from batchline.scheduler.job import Job, JobKind, PendingCommit
+from batchline.sinks.sink import NO_FENCING_TOKEN, BatchContext, Sink, SinkContext
 from batchline.streams.base import StreamNode, StreamRuntime
-from batchline.streams.sink import NO_FENCING_TOKEN, BatchContext, Sink, SinkContext
 
 __all__ = ["OutputOperation", "pipeline_identity"]
 

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DRIVERS, poll_until
+from tests.helpers import DRIVERS, ROOT, poll_until
 
 DRIVER = DRIVERS / "chaos_driver.py"
+EXAMPLES = ROOT / "examples"
 FILES, PER_FILE = 30, 20
 
 
@@ -91,16 +92,27 @@ def expected_totals():
     return collections.Counter(ids)
 
 
-def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=FILES * PER_FILE):
-    """Run a driver until every expected record is in the output and a few more batches passed."""
+def jsonl_ids(out):
+    """What a reader of the example's JSON-lines output sees: the rows its commit records name."""
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        from jsonl_sink import committed_rows
+    finally:
+        sys.path.remove(str(EXAMPLES))
+    return collections.Counter(row["id"] for row in committed_rows(str(out)))
+
+
+def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=FILES * PER_FILE, read=output_ids):
+    """Run a driver until every expected record is in the output (as ``read`` sees it) and a
+    few more batches passed."""
     driver = Driver(incoming, out, checkpoint, *flags)
     deadline = time.monotonic() + timeout
     try:
-        if not poll_until(lambda: sum(output_ids(out).values()) >= expected and len(driver.completed) >= 3, timeout,
+        if not poll_until(lambda: sum(read(out).values()) >= expected and len(driver.completed) >= 3, timeout,
                           0.2, stop=lambda: driver.process.poll() is not None):
             if driver.process.poll() is not None:
                 return driver
-            raise TimeoutError(f"the driver did not finish the input; output has {sum(output_ids(out).values())}")
+            raise TimeoutError(f"the driver did not finish the input; output has {sum(read(out).values())}")
         seen = len(driver.completed)
         poll_until(lambda: len(driver.completed) >= seen + 2, max(0.0, deadline - time.monotonic()), 0.1)
         return driver
@@ -145,6 +157,29 @@ def test_random_kill_9s_lose_and_duplicate_nothing(tmp_path, inputs):
     assert not duplicated, f"duplicated records: {sorted(duplicated)[:10]}"
     assert not missing, f"lost records: {sorted(missing)[:10]}"
     assert got == expected
+
+
+def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_nothing(tmp_path, inputs):
+    """The example's ``JsonLinesSink`` (an ``ExactlyOnceSink``: its commit taken by the engine
+    after the batch's jobs): killed anywhere (staging, committing, checkpointing, recovering),
+    every input row is read from its committed output exactly once."""
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    rng = random.Random(31)
+    kills_after_commits = 0
+    for _ in range(6):
+        driver = Driver(inputs, out, checkpoint, "--jsonl-sink")
+        assert driver.started.wait(60), "the driver did not start"
+        if rng.random() < 0.25:
+            time.sleep(rng.uniform(0.0, 3.0))  # starting Spark, recovering
+        else:
+            poll_until(lambda d=driver: d.completed, 60, 0.05, stop=lambda d=driver: d.process.poll() is not None)
+            time.sleep(rng.uniform(0.0, 1.5))  # within the next batches: staging, commit, checkpoint
+        kills_after_commits += bool(driver.completed)
+        driver.kill()
+        assert set(jsonl_ids(out).values()) <= {1}, "a row was committed twice"
+    run_to_completion(inputs, out, checkpoint, "--jsonl-sink", read=jsonl_ids)
+    assert kills_after_commits >= 3, f"only {kills_after_commits} kills came after a batch completed"
+    assert jsonl_ids(out) == collections.Counter(f"f{f:02d}-r{r:02d}" for f in range(FILES) for r in range(PER_FILE))
 
 
 def test_the_same_kill_duplicates_output_without_the_commit_protocol(tmp_path, inputs):

@@ -1,10 +1,12 @@
 """A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
 
-    python tests/drivers/chaos_driver.py IN OUT CHECKPOINT [--naive-sink] [--kill-after-first-write] [--stateful]
-                                 [--master M]
+    python tests/drivers/chaos_driver.py IN OUT CHECKPOINT [--naive-sink | --jsonl-sink] [--kill-after-first-write]
+                                 [--stateful] [--master M]
 
 ``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
-protocol). ``--kill-after-first-write`` SIGKILLs this process right after the first batch
+protocol); ``--jsonl-sink`` by the user's own exactly-once sink of ``examples/jsonl_sink.py``
+(as ``stream.write(sink)``: its commit taken by the engine after the batch's jobs).
+``--kill-after-first-write`` SIGKILLs this process right after the first batch
 with rows has been written, before the batch is committed (once: a marker file remembers).
 ``--stateful`` writes, instead of the input rows, a running total and count per key ``n % 7``
 after every batch, as ids ``k<key>-t<total>-c<count>``: a batch applied twice to the state,
@@ -41,6 +43,7 @@ def main() -> None:
     parser.add_argument("out")
     parser.add_argument("checkpoint")
     parser.add_argument("--naive-sink", action="store_true")
+    parser.add_argument("--jsonl-sink", action="store_true")
     parser.add_argument("--kill-after-first-write", action="store_true")
     parser.add_argument("--stateful", action="store_true")
     parser.add_argument("--fail-once", action="store_true")
@@ -68,10 +71,24 @@ def main() -> None:
             marker.write_text(str(batch_time))
             os.kill(os.getpid(), signal.SIGKILL)
 
-    events.foreach_batch(write, name="out")
+    if args.jsonl_sink:
+        events.write(jsonl_sink().JsonLinesSink(args.out), name="out")
+    else:
+        events.foreach_batch(write, name="out")
     print("started", flush=True)
     ssc.start()
     ssc.await_termination()
+
+
+def jsonl_sink():
+    """The example's module, pickled into the tasks by value (the workers cannot import it)."""
+    from pyspark import cloudpickle
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import jsonl_sink
+
+    cloudpickle.register_pickle_by_value(jsonl_sink)
+    return jsonl_sink
 
 
 def make_running_total(fail_marker):

@@ -20,6 +20,12 @@ Write your own in one file::
 
     stream.write(MySink(), name="mine")
 
+A sink whose tasks stage their partitions and whose driver then commits the batch (files
+moved into place, a database transaction) need not write the protocol itself: subclass
+:class:`batchline.ExactlyOnceSink` (``batchline.sinks.exactly_once``) and write what to stage,
+how to commit and how to know a batch is committed; ``write_files`` and ``write_postgres``
+are built on it.
+
 ``write`` runs on the driver and may start Spark jobs (``df.mapInArrow``, ``df.foreachPartition``,
 ``df.collect``); code that runs in tasks gets the sink pickled, so open connections there.
 Start them from the thread ``write`` was called on, before it returns: a stateful operator
@@ -43,7 +49,7 @@ Python pass per split instead of a read, a trip through Spark's JVM and a second
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -51,9 +57,12 @@ from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
 from batchline.scheduler.job import PendingCommit
-from batchline.streams.base import ArrowFunction
 
-__all__ = ["Sink", "SinkContext", "BatchContext", "ForeachBatchSink", "PendingCommit", "NO_FENCING_TOKEN"]
+__all__ = ["Sink", "SinkContext", "BatchContext", "ForeachBatchSink", "PendingCommit", "NO_FENCING_TOKEN",
+           "ArrowFunction"]
+
+ArrowFunction = Callable[[Iterator[Any]], Iterator[Any]]
+"""A ``mapInArrow`` function: one partition's ``pyarrow.RecordBatch``es in, batches out."""
 
 NO_FENCING_TOKEN = 0
 """The token of a pipeline without a checkpoint location (no lease): older than any lease's."""

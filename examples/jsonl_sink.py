@@ -1,0 +1,59 @@
+"""Your own exactly-once sink: JSON lines into a directory, a commit record per batch, as
+``stream.write(JsonLinesSink("/data/out"), name="jsonl")``. Each task writes its partition to
+a file of its own; a batch is committed once its record ``_commits/<batch time>.json``, naming
+its files, is renamed into place. ``committed_rows`` reads only the files records name (not
+those of a crash or a failed task); a batch run again after a crash is skipped.
+"""
+
+import json
+import os
+import uuid
+
+from batchline import ExactlyOnceSink
+
+
+class JsonLinesSink(ExactlyOnceSink):
+    def __init__(self, directory):
+        self.directory = os.path.abspath(directory)
+
+    def is_committed(self, batch):  # on the driver, before the batch runs
+        return os.path.exists(_record(self.directory, batch.batch_time))
+
+    def write_partition(self, rows, attempt, partition):  # in a Spark task; returns its message
+        name = f"{attempt.batch_time}-{partition:05d}-{attempt.id}.jsonl"
+        lines = "".join(json.dumps(row, default=str) + "\n" for batch in rows for row in batch.to_pylist())
+        _write_whole(os.path.join(self.directory, name), lines)
+        return name
+
+    def commit(self, messages, attempt):  # on the driver, once the batch's tasks all succeeded
+        record = {"files": messages, "fencing_token": attempt.batch.fencing_token}
+        _write_whole(_record(self.directory, attempt.batch_time), json.dumps(record))
+
+    def abort(self, messages, attempt):  # a task failed or another output did: drop the files
+        for name in messages:  # an error here is logged; files no record names are never read
+            os.remove(os.path.join(self.directory, name))
+
+
+def committed_rows(directory):
+    """Every row of every committed batch, batch by batch: what a reader of the output sees."""
+    commits = os.path.join(directory, "_commits")
+    names = sorted(n for n in os.listdir(commits) if n.endswith(".json")) if os.path.isdir(commits) else []
+    for name in names:
+        with open(os.path.join(commits, name)) as record:
+            for file in json.load(record)["files"]:
+                with open(os.path.join(directory, file)) as lines:
+                    yield from (json.loads(line) for line in lines)
+
+
+def _record(directory, batch_time):  # zero-padded: records sort in batch order
+    return os.path.join(directory, "_commits", f"{int(batch_time):015d}.json")
+
+
+def _write_whole(path, text):  # a temporary file renamed into place: whole or absent
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    temp = f"{path}.{uuid.uuid4().hex}.tmp"
+    with open(temp, "w") as out:
+        out.write(text)
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(temp, path)
