@@ -19,7 +19,7 @@ they build on it.
 
 from batchline.streams.base import Readers, RuntimeEnv, StreamNode, StreamRuntime, Watermark
 from batchline.streams.graph import StreamGraph
-from batchline.streams.inputs import InputNode, InputRuntime, RangeReader
+from batchline.streams.inputs import InputNode, InputRuntime
 from batchline.streams.nodes import TransformNode, WatermarkNode, WindowNode
 from batchline.streams.output import OutputOperation
 from batchline.streams.pipeline import PipelineRuntime
@@ -32,7 +32,6 @@ __all__ = [
     "InputRuntime",
     "OutputOperation",
     "PipelineRuntime",
-    "RangeReader",
     "Readers",
     "RuntimeEnv",
     "Sink",
