@@ -320,14 +320,7 @@ class FileSource(Source):
             index = self._listing[1] if self._listing is not None else {}
             taken = max([int(position["taken"]), *(index[name] + 1 for name in files if name in index)])
             return self._batch(position, {"taken": taken}, files, times)
-        seen = self._seen_at(position)
-        end = self._after(seen, files, times)
-        return self._batch(position, end, files, times if times is not None else self._mtimes_of(end, files))
-
-    def _mtimes_of(self, end: Position, files: list[str]) -> list[int]:
-        """A legacy batch's files' times, as remembered once it moved the position on."""
-        remembered = end["seen_files"]["files"]
-        return [int(remembered.get(self._key(name), remembered.get(name, 0))) for name in files]
+        return self._batch(position, self._after(self._seen_at(position), files, times), files, times)
 
     # ---------------------------------------------------------------- reading
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:

@@ -86,8 +86,8 @@ class SourceBatch:
     shown at once, and no job counts the rows. None (the default): counted as they are read."""
 
     def to_json(self) -> dict[str, Any]:
-        data: dict[str, Any] = {"start": dict(self.start), "end": dict(self.end), "splits": [dict(s) for s in self.splits],
-                "info": dict(self.info)}
+        data: dict[str, Any] = {"start": dict(self.start), "end": dict(self.end),
+                                "splits": [dict(s) for s in self.splits], "info": dict(self.info)}
         if self.records is not None:
             data["records"] = self.records
         return data

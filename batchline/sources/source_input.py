@@ -7,6 +7,7 @@ holds the position after the last logged batch and, for a bounded source, its en
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -17,7 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
@@ -82,9 +83,17 @@ class SourceReader(InputRuntime, DeadLetterReader):
         tasks counted."""
         self._native: set[int] = set()
         """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
-        self._columns = [F.col(name) for name in node.schema.fieldNames()]
-        self._metrics = [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
-                         F.count(F.col(REASON)).alias("dead_letters")]
+
+    @functools.cached_property
+    def _columns(self) -> list[Column]:
+        """The schema's columns, built once (building a column is a call into the JVM)."""
+        return [F.col(name) for name in self.node.schema.fieldNames()]
+
+    @functools.cached_property
+    def _metrics(self) -> list[Column]:
+        """What the observation of a counted batch counts: good rows and dead letters."""
+        return [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
+                F.count(F.col(REASON)).alias("dead_letters")]
 
     # ---------------------------------------------------------------- positions
     def open(self) -> None:
