@@ -11,8 +11,8 @@ Positions are JSON objects of the source's choosing (a Redis entry id per stream
 per partition, a file name). Nothing pickled goes into the checkpoint; the source object
 itself is pickled into tasks, so open connections lazily where they are used.
 
-Every input batchline ships is a ``Source`` too (files, generated events, a DataFrame, a
-queue of DataFrames, the test list). What some of them need beyond ``plan`` and ``read``
+The inputs batchline ships are ``Source``s too (files, generated events, a DataFrame, a
+queue of DataFrames, the test list; all but the receivers). What some of them need beyond ``plan`` and ``read``
 comes as optional hooks, each with a default that a plain source never needs to change:
 
 - ``plan_at``: a plan that depends on stream time (events at a rate);
