@@ -1,4 +1,6 @@
-"""Inputs: a node that names a source, and the runtime contract every source implements.
+"""Inputs: a node that names a source, and the runtime contract the engine runs every input
+by. It is internal: a source author writes a ``batchline.Source``, which
+``sources.source_input`` runs on this contract (the receivers still implement it directly).
 
 Recovery contract (all JSON, never pickles): ``allocation(t)`` says what batch ``t`` took,
 ``restore_allocation`` gives a batch exactly that again after a restart, and
