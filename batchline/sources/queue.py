@@ -43,7 +43,8 @@ class QueueSource(Source):
         self.one_at_a_time = one_at_a_time
         self._lock = threading.Lock()
         self._taken: dict[int, DataFrame] = {}
-        """The DataFrames batches took, by their number in this run, until the batch commits."""
+        """The DataFrames batches took, by their number in this run, until the engine forgets
+        the batch (a window may read it after it committed)."""
         self.name = "queue"
 
     def schema(self) -> StructType:
@@ -77,9 +78,9 @@ class QueueSource(Source):
     def can_replay(self, batch: SourceBatch) -> bool:
         return False
 
-    def acknowledge(self, batch: SourceBatch) -> None:
+    def forget(self, batch: SourceBatch) -> None:
         for split in batch.splits:
-            self._taken.pop(int(split["frame"]), None)
+            self._taken.pop(int(split.get("frame", -1)), None)
 
     def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
         return {}

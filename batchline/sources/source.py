@@ -20,6 +20,7 @@ comes as optional hooks, each with a default that a plain source never needs to 
 - ``SourceBatch.records``: a count known when planning, so no job counts the rows;
 - ``counted = False``: rows nobody counts (a queue of the user's DataFrames);
 - ``can_replay``: a source that cannot give a logged batch again (a queue);
+- ``forget``: a batch no window needs any more (a queue lets its DataFrames go);
 - ``attach``: the run's Spark session and checkpoint location (a DataFrame kept there);
 - ``checkpoint_position``/``restore_position`` and ``log_batch``/``logged_batch``: how the
   position and each batch are written to the checkpoint and the batch log.
@@ -175,6 +176,10 @@ class Source(ABC):
 
     def acknowledge(self, batch: SourceBatch) -> None:  # noqa: B027 (optional hook)
         """After the batch committed, on the driver (e.g. XACK, a consumer group's offset)."""
+
+    def forget(self, batch: SourceBatch) -> None:  # noqa: B027 (optional hook)
+        """When the engine no longer needs the batch (committed, and past every window that
+        reads it): a source that holds a batch's data in memory lets it go."""
 
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame | None:
         """A source whose splits Spark reads natively may build the batch's DataFrame itself

@@ -163,7 +163,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
 
     def forget_before(self, threshold_time: int) -> None:
         for batch_time in [t for t in self._batches if t <= threshold_time]:
-            del self._batches[batch_time]
+            self.source.forget(self._batches.pop(batch_time))
 
     def on_batch_committed(self, batch_time: int) -> None:
         batch = self._batches.get(batch_time)
