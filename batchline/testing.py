@@ -122,8 +122,7 @@ def list_stream(ssc: StreamingContext, items: list[Any], schema: StructType | st
                 bounded: bool = False) -> Stream:
     """A replayable input over ``items``: each a list of rows for one batch, ``END`` or ``Abort()``;
     ``bounded``: the input ends at ``END`` or at the end of the list, so the pipeline can finish."""
-    node = ListSource(ssc.batch_interval_ms, items, _struct(schema), name, bounded)
-    return Stream(ssc.graph.add_input(node), ssc.graph)
+    return ssc.input(ListSource(items, _struct(schema), bounded), name=name)
 
 
 class BatchHarness:

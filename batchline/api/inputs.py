@@ -71,13 +71,11 @@ class InputMethods:
         or held back that long) is named in a WARN line. Raise ``max_file_age`` to read such
         files (from then on), or ``touch`` the file. A bounded source reads every file present.
         """
-        self._check_can_add()
-        node = FileSource(
-            self.batch_interval_ms, path, format, schema, header=header, sep=sep, settle_s=settle, name=name,
-            storage_options=storage_options, max_files_per_batch=max_files_per_batch, bounded=bounded,
-            max_file_age=max_file_age,
+        source = FileSource(
+            path, format, schema, header=header, sep=sep, settle_s=settle, storage_options=storage_options,
+            max_files_per_batch=max_files_per_batch, bounded=bounded, max_file_age=max_file_age,
         )
-        return FileStream(self.graph.add_input(node), self.graph)
+        return FileStream(self._add_input(source, name or f"files:{path}"), self.graph)
 
     def text_file_stream(self, path: str, **kwargs: Any) -> FileStream:
         return self.file_stream(path, "text", **kwargs)
@@ -121,38 +119,37 @@ class InputMethods:
         """Deterministic user events ``{id, data, is_last, ts}`` at ``rate`` events per second;
         ``max_records_per_batch`` spreads a backlog (after down time) over several batches;
         ``total`` bounds the input: it ends after that many events."""
-        self._check_can_add()
-        node = GeneratorSource(
-            self.batch_interval_ms, rate, users=users, seed=seed, last_event_probability=last_event_probability,
-            partitions=partitions, name=name, max_records_per_batch=max_records_per_batch, total=total,
+        source = GeneratorSource(
+            rate, users=users, seed=seed, last_event_probability=last_event_probability, partitions=partitions,
+            max_records_per_batch=max_records_per_batch, total=total,
         )
-        return Stream(self.graph.add_input(node), self.graph)
+        return Stream(self._add_input(source, name), self.graph)
 
     def queue_stream(
         self, frames: Iterable[DataFrame], *, schema: StructType | None = None,
         one_at_a_time: bool = True, name: str = "queue",
     ) -> QueueStream:
         """One queued DataFrame per batch (or all queued, with ``one_at_a_time=False``)."""
-        self._check_can_add()
-        node = QueueSource(self.batch_interval_ms, frames, schema, one_at_a_time, name)
-        return QueueStream(self.graph.add_input(node), self.graph)
+        return QueueStream(self._add_input(QueueSource(frames, schema, one_at_a_time), name), self.graph)
 
     def dataframe_stream(self, df: DataFrame, *, max_records_per_batch: int | None = None,
                          name: str = "dataframe") -> Stream:
         """The rows of ``df`` (a DataFrame or ``spark.table(...)``) as a bounded input, in
         batches of at most ``max_records_per_batch`` rows. The rows are written once to the
         checkpoint location at the first start, so a restart gives every batch the same rows."""
-        self._check_can_add()
-        node = DataFrameSource(self.batch_interval_ms, df, name, max_records_per_batch)
-        return Stream(self.graph.add_input(node), self.graph)
+        return Stream(self._add_input(DataFrameSource(df, max_records_per_batch), name), self.graph)
 
     def input(self, source: Source, *, name: str | None = None) -> InputStream:
         """The batches of your own :class:`batchline.Source` (or a built-in one), under ``name``
         (default: the source's class name; keep it stable: the checkpoint finds the input's
         position by it). Records its ``read`` refuses go to ``stream.dead_letters``."""
+        return InputStream(self._add_input(source, name or type(source).__name__), self.graph)
+
+    def _add_input(self, source: Source, name: str) -> SourceInput:
         self._check_can_add()
-        node = SourceInput(source, name or type(source).__name__, self.batch_interval_ms)
-        return InputStream(self.graph.add_input(node), self.graph)
+        node = SourceInput(source, name, self.batch_interval_ms)
+        self.graph.add_input(node)
+        return node
 
     def redis_stream(
         self,

@@ -8,7 +8,7 @@ until the context starts.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql import Column, DataFrame
 
@@ -19,7 +19,6 @@ from batchline.sinks.console import ConsoleSink
 from batchline.sinks.files import DEFAULT_KEEP_COMMITS, FileSink
 from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink
 from batchline.sinks.sink import ForeachBatchSink, Sink
-from batchline.sources.files import FileSource
 from batchline.sources.queue import QueueSource
 from batchline.sources.source_input import SourceInput
 from batchline.state.group_state import GroupStateTimeout
@@ -136,7 +135,7 @@ class Stream:
 class InputStream(Stream):
     """An input's rows; the records it could not read go to ``dead_letters``."""
 
-    node: FileSource | SourceInput
+    node: SourceInput
 
     @property
     def dead_letters(self) -> Stream:
@@ -147,16 +146,14 @@ class InputStream(Stream):
 class FileStream(InputStream):
     """New files of a directory or prefix; bad lines go to ``dead_letters``."""
 
-    node: FileSource
-
 
 class QueueStream(Stream):
     """One queued DataFrame per batch; ``push`` queues more while the pipeline runs."""
 
-    node: QueueSource
+    node: SourceInput
 
     def push(self, df: DataFrame) -> None:
-        self.node.push(df)
+        cast(QueueSource, self.node.source).push(df)
 
 
 class KeyedStream:

@@ -1,6 +1,10 @@
-"""Inputs (SPEC B): directory, socket receiver, generator, queue, and a list for tests.
+"""Inputs (SPEC B): directory, socket receiver, generator, DataFrame, queue, Redis Streams,
+and a list for tests.
 
-Each source is two classes on the stream model: a node that describes it (path, schema,
-rate, name; no side effects) and a reader, its runtime, that allocates each batch's data,
-logs and replays it, and builds the batch's DataFrame.
+Every input but the receivers is a ``Source`` (``source.py``): a description that plans each
+batch from a JSON position and reads it, with no engine in it. ``source_input.py`` is the
+one engine-side implementation that runs any of them: it logs and replays each batch, keeps
+the position in the checkpoint, and counts good rows and dead letters. The socket/receiver
+input still runs on the internal input node of ``streams`` (its blocks, write-ahead log and
+receiving threads have no ``Source`` hooks yet).
 """

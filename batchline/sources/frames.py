@@ -16,81 +16,90 @@ import io
 import logging
 import math
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from pyspark import TaskContext
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
-from batchline.errors import ConfigurationError
-from batchline.streams import InputNode, RangeReader, RuntimeEnv, StreamRuntime
+from batchline.errors import ConfigurationError, SourceError
+from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
 
-__all__ = ["DataFrameSource", "DataFrameReader", "INPUTS_DIR"]
+__all__ = ["DataFrameSource", "INPUTS_DIR"]
 
 logger = logging.getLogger(__name__)
 
 INPUTS_DIR = "inputs"
 
 
-class DataFrameSource(InputNode):
-    """The rows of ``df``, in batches of at most ``max_records_per_batch`` rows, then the end."""
+class DataFrameSource(Source):
+    """The rows of ``df``, in batches of at most ``max_records_per_batch`` rows, then the end.
 
-    replayable = True
+    Its position is the index of the next file to read (``{"next": n}``), its end the number
+    of files; a batch is a range of files, so its count is known as it is planned.
+    """
 
-    def __init__(self, batch_interval_ms: int, df: DataFrame, name: str,
-                 max_records_per_batch: int | None = None) -> None:
+    bounded = True
+
+    def __init__(self, df: DataFrame, max_records_per_batch: int | None = None) -> None:
         if max_records_per_batch is not None and max_records_per_batch <= 0:
             raise ConfigurationError(f"max_records_per_batch must be positive; got {max_records_per_batch}")
-        super().__init__(name, batch_interval_ms, bounded=True)
         self.df = df
         self.max_records_per_batch = max_records_per_batch
+        self.name = "dataframe"
+        self._storage: CheckpointStorage | None = None
+        self._folder = ""
+        self._manifest = ""
+        self._written: list[dict[str, Any]] | None = None
 
-    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> DataFrameReader:
-        return DataFrameReader(self, env, parents)
+    def schema(self) -> StructType:
+        return self.df.schema
 
-
-class DataFrameReader(RangeReader):
-    """Batches as index ranges over the files the DataFrame was written to."""
-
-    node: DataFrameSource
-
-    def __init__(self, node: DataFrameSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
-        super().__init__(node, env, parents)
-        if env.checkpoint is None:
+    def attach(self, run: SourceRun) -> None:
+        if run.storage is None:
             raise ConfigurationError(
-                f"input {node.name!r} reads a DataFrame, which it keeps as files at the checkpoint location so "
+                f"input {run.name!r} reads a DataFrame, which it keeps as files at the checkpoint location so "
                 "that a restart gives each batch the same rows; create the StreamingContext with checkpoint=<path "
                 "or URL>"
             )
-        self._storage: CheckpointStorage = env.checkpoint.storage
-        self._folder = f"{INPUTS_DIR}/{node.name.replace('/', '_')}"
+        self.name = run.name
+        self._storage = run.storage
+        self._folder = f"{INPUTS_DIR}/{run.name.replace('/', '_')}"
         self._manifest = f"{self._folder}/manifest.json"
-        self._written: list[dict[str, Any]] | None = None
+        self._written = None
+
+    @property
+    def _kept(self) -> CheckpointStorage:
+        if self._storage is None:
+            raise ConfigurationError(f"input {self.name!r} is not part of a running pipeline; start the "
+                                     "StreamingContext that reads it")
+        return self._storage
 
     @property
     def _files(self) -> list[dict[str, Any]]:
         """The files and their row counts; read from the manifest (a restart replays logged
         batches before ``open``), empty until the rows are written."""
-        if self._written is None and self._storage.exists(self._manifest):
-            self._written = list(self._storage.read_sealed(self._manifest)["files"])
+        if self._written is None and self._kept.exists(self._manifest):
+            self._written = list(self._kept.read_sealed(self._manifest)["files"])
         return self._written or []
 
     def open(self) -> None:
         if self._files:
             return
         self._written = self._write_rows()
-        self._storage.write_new(self._manifest, seal({"files": self._written}))
+        self._kept.write_new(self._manifest, seal({"files": self._written}))
         logger.info("Input %s keeps its DataFrame's %d rows as %d files under %s", self.name,
-                    sum(f["rows"] for f in self._files), len(self._files), self._storage.full_url(self._folder))
+                    sum(f["rows"] for f in self._files), len(self._files), self._kept.full_url(self._folder))
 
     def _write_rows(self) -> list[dict[str, Any]]:
-        df, limit = self.node.df, self.node.max_records_per_batch
+        df, limit = self.df, self.max_records_per_batch
         if limit is not None:
             df = df.repartition(max(1, math.ceil(df.count() / limit)))
-        storage, folder = self._storage, f"{self._folder}/{uuid.uuid4().hex[:12]}"
+        storage, folder = self._kept, f"{self._folder}/{uuid.uuid4().hex[:12]}"
 
         def write(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             context = TaskContext.get()
@@ -106,30 +115,55 @@ class DataFrameReader(RangeReader):
         written = df.mapInArrow(write, "file string, rows long").collect()
         return [{"file": row.file, "rows": row.rows} for row in sorted(written, key=lambda r: r.file)]
 
-    def allocate(self, batch_time: int) -> None:
-        start = end = self.next_index
-        rows, limit = 0, self.node.max_records_per_batch
-        while end < len(self._files) and (end == start or limit is None or rows + self._files[end]["rows"] <= limit):
-            rows += self._files[end]["rows"]
+    # ---------------------------------------------------------------- positions
+    def initial_position(self) -> Position:
+        return {"next": 0}
+
+    def end_of_input(self) -> Position:
+        return {"next": len(self._files)}
+
+    def exhausted(self, position: Position, end_of_input: Position) -> bool:
+        return int(position["next"]) >= len(self._files)
+
+    def plan(self, start: Position, end_of_input: Position | None) -> SourceBatch:
+        first = end = int(start["next"])
+        rows, limit, files = 0, self.max_records_per_batch, self._files
+        while end < len(files) and (end == first or limit is None or rows + files[end]["rows"] <= limit):
+            rows += files[end]["rows"]
             end += 1
-        self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
+        return self._range(first, end)
 
-    def exhausted(self) -> bool:
-        return self.next_index >= len(self._files)
+    def _range(self, start: int, end: int) -> SourceBatch:
+        return SourceBatch({"next": start}, {"next": end}, ({"start": start, "end": end},) if end > start else (),
+                           info={"start": start, "end": end},
+                           records=sum(f["rows"] for f in self._files[start:end]))
 
-    def report_range(self, batch_time: int, start: int, end: int) -> None:
-        self.report(batch_time, sum(f["rows"] for f in self._files[start:end]), metadata={"start": start, "end": end})
+    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
+        return {"next": int(position["next"]) if position else 0}
 
-    def compute(self, batch_time: int) -> DataFrame:
-        start, end = self.range_of(batch_time)
-        schema = self.node.df.schema
-        if start == end:
-            return self.env.empty_frame(schema)
-        storage, names = self._storage, [f["file"] for f in self._files[start:end]]
+    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
+        # The end is the manifest's length; before the rows are written, open() asks for it again.
+        return {"next": int(record["next"])}, self.end_of_input() if self._files else None
+
+    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
+        return {"start": int(batch.start["next"]), "end": int(batch.end["next"])}
+
+    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
+        return self._range(int(record["start"]), int(record["end"]))
+
+    # ---------------------------------------------------------------- reading
+    def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
+        """The batch's files, read back by Spark tasks through the checkpoint's storage."""
+        [split] = batch.splits
+        storage, names = self._kept, [f["file"] for f in self._files[int(split["start"]):int(split["end"])]]
 
         def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
                     yield from pq.read_table(pa.BufferReader(storage.read(names[index]))).to_batches()
 
-        return self.env.spark.range(0, len(names), 1, len(names)).mapInArrow(read, schema)
+        return spark.range(0, len(names), 1, len(names)).mapInArrow(read, self.df.schema)
+
+    def read(self, split: Split) -> Iterable[Any]:
+        raise SourceError(f"the rows of {self.name} are read back by Spark (frame()), never split by split; this "
+                          "is a bug in batchline")

@@ -6,16 +6,17 @@ index range; the rows are made by Spark from ``range`` and hash expressions, nev
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType, TimestampType
 
-from batchline.errors import ConfigurationError
-from batchline.streams import InputNode, RangeReader, RuntimeEnv, StreamRuntime
+from batchline.errors import ConfigurationError, SourceError
+from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, Split
 
-__all__ = ["GeneratorSource", "GeneratorReader", "USER_EVENT_SCHEMA"]
+__all__ = ["GeneratorSource", "USER_EVENT_SCHEMA"]
 
 USER_EVENT_SCHEMA = StructType(
     [
@@ -27,24 +28,23 @@ USER_EVENT_SCHEMA = StructType(
 )
 
 
-class GeneratorSource(InputNode):
+class GeneratorSource(Source):
     """UserEvent rows ``{id, data, is_last, ts}``: ``rate`` events per second of stream time.
 
     ``max_records_per_batch`` caps a batch (SPEC B4): after down time the backlog is worked
     off over several batches. With ``total`` the input is bounded: it ends after that many events.
-    """
 
-    replayable = True
+    Its position is the next event's index (``{"next_index": n}``); a batch is the index range
+    due by its time, built by Spark (``frame``), so its count is known as it is planned.
+    """
 
     def __init__(
         self,
-        batch_interval_ms: int,
         rate: float,
         users: int = 1000,
         seed: int = 0,
         last_event_probability: float = 0.05,
         partitions: int | None = None,
-        name: str = "generator",
         max_records_per_batch: int | None = None,
         total: int | None = None,
     ) -> None:
@@ -58,61 +58,80 @@ class GeneratorSource(InputNode):
             raise ConfigurationError(
                 f"last_event_probability must be between 0 and 1; got {last_event_probability}"
             )
-        super().__init__(name, batch_interval_ms, bounded=total is not None)
+        if max_records_per_batch is not None and max_records_per_batch <= 0:
+            raise ConfigurationError(f"max_records_per_batch must be positive; got {max_records_per_batch}")
+        self.bounded = total is not None
         self.total = total
         self.rate = rate
         self.users = users
         self.seed = seed
         self.last_event_probability = last_event_probability
         self.partitions = partitions
-        if max_records_per_batch is not None and max_records_per_batch <= 0:
-            raise ConfigurationError(f"max_records_per_batch must be positive; got {max_records_per_batch}")
         self.max_records_per_batch = max_records_per_batch
 
-    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> GeneratorReader:
-        return GeneratorReader(self, env, parents)
+    def schema(self) -> StructType:
+        return USER_EVENT_SCHEMA
 
+    def initial_position(self) -> Position:
+        return {"next_index": 0}
 
-class GeneratorReader(RangeReader):
-    """The generator's run: the index range of each batch, and the next index to emit."""
+    def end_of_input(self) -> Position:
+        return {"next_index": self.total}
 
-    node: GeneratorSource
-    position_key = "next_index"
+    def exhausted(self, position: Position, end_of_input: Position) -> bool:
+        return self.total is not None and int(position["next_index"]) >= self.total
 
-    def _zero_time(self) -> int:
-        if self.zero_time is None:
-            raise ConfigurationError(f"input {self.name!r} is asked for events before the pipeline started")
-        return self.zero_time
+    def index_at(self, at: BatchTimes) -> int:
+        """How many events the generator has emitted by the batch's time."""
+        if at.zero_time_ms is None:
+            raise ConfigurationError("a generator is asked for events before the pipeline started; start the "
+                                     "StreamingContext first")
+        return int((at.batch_time_ms - at.zero_time_ms) * self.rate // 1000)
 
-    def index_at(self, batch_time: int) -> int:
-        """How many events the generator has emitted by ``batch_time``."""
-        return int((batch_time - self._zero_time()) * self.node.rate // 1000)
+    def plan_at(self, start: Position, end_of_input: Position | None, at: BatchTimes) -> SourceBatch:
+        first = int(start["next_index"])
+        end = max(first, self.index_at(at))
+        if self.max_records_per_batch is not None:
+            end = min(end, first + self.max_records_per_batch)
+        if self.total is not None:
+            end = min(end, self.total)
+        return self._range(first, end, at)
 
-    def allocate(self, batch_time: int) -> None:
-        start, end = self.next_index, max(self.next_index, self.index_at(batch_time))
-        if self.node.max_records_per_batch is not None:
-            end = min(end, start + self.node.max_records_per_batch)
-        if self.node.total is not None:
-            end = min(end, self.node.total)
-        self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
+    def _range(self, start: int, end: int, at: BatchTimes) -> SourceBatch:
+        splits = ({"start": start, "end": end, "zero_time": at.zero_time_ms},) if end > start else ()
+        return SourceBatch({"next_index": start}, {"next_index": end}, splits, info={"start": start, "end": end},
+                           records=end - start)
 
-    def exhausted(self) -> bool:
-        return self.node.total is not None and self.next_index >= self.node.total
+    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
+        return {"next_index": int(position["next_index"]) if position else 0}
 
-    def compute(self, batch_time: int) -> DataFrame:
-        return self.events(*self.range_of(batch_time))
+    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
+        return {"next_index": int(record["next_index"])}, self.end_of_input() if self.bounded else None
 
-    def events(self, start: int, end: int) -> DataFrame:
-        """Events ``start`` (inclusive) to ``end`` (exclusive)."""
-        node, spark = self.node, self.env.spark
+    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
+        return {"start": int(batch.start["next_index"]), "end": int(batch.end["next_index"])}
+
+    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
+        return self._range(int(record["start"]), int(record["end"]), at)
+
+    def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
+        [split] = batch.splits
+        return self.events(spark, int(split["start"]), int(split["end"]), int(split["zero_time"]))
+
+    def read(self, split: Split) -> Iterable[Any]:
+        raise SourceError("generated events are made by Spark (frame()), never split by split; this is a bug in "
+                          "batchline")
+
+    def events(self, spark: SparkSession, start: int, end: int, zero_time_ms: int) -> DataFrame:
+        """Events ``start`` (inclusive) to ``end`` (exclusive) of a pipeline started at ``zero_time_ms``."""
         index = F.col("id")
-        user = F.pmod(F.xxhash64(F.lit(node.seed), index), F.lit(node.users)).cast("int")
-        last_roll = F.pmod(F.xxhash64(F.lit(node.seed + 1), index), F.lit(1_000_000))
-        millis = F.lit(self._zero_time()) + (index * F.lit(1000.0 / node.rate if node.rate else 0)).cast("long")
-        frame = spark.range(start, end, numPartitions=node.partitions) if node.partitions else spark.range(start, end)
+        user = F.pmod(F.xxhash64(F.lit(self.seed), index), F.lit(self.users)).cast("int")
+        last_roll = F.pmod(F.xxhash64(F.lit(self.seed + 1), index), F.lit(1_000_000))
+        millis = F.lit(zero_time_ms) + (index * F.lit(1000.0 / self.rate if self.rate else 0)).cast("long")
+        frame = spark.range(start, end, numPartitions=self.partitions) if self.partitions else spark.range(start, end)
         return frame.select(
             user.alias("id"),
             F.concat(F.lit("event-"), index.cast("string")).alias("data"),
-            (last_roll < F.lit(int(node.last_event_probability * 1_000_000))).alias("is_last"),
+            (last_roll < F.lit(int(self.last_event_probability * 1_000_000))).alias("is_last"),
             F.timestamp_millis(millis).alias("ts"),
         )

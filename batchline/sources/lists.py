@@ -10,14 +10,14 @@ ends at its end or at ``END``: the pipeline can finish.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.errors import BatchlineError
-from batchline.streams import InputNode, RangeReader, RuntimeEnv, StreamRuntime
+from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
 
 __all__ = ["ListSource", "END", "Abort", "AbortedForTest"]
 
@@ -47,46 +47,71 @@ class AbortedForTest(BatchlineError):
     """Raised where a list source meets an ``Abort()`` marker; run the pipeline again to go on."""
 
 
-class ListSource(InputNode):
-    """One item of ``items`` per batch: a list of rows (dicts or tuples of ``schema``) or a marker."""
+class ListSource(Source):
+    """One item of ``items`` per batch: a list of rows (dicts or tuples of ``schema``) or a marker.
 
-    replayable = True
+    Its position is the next item's index (``{"next": n}``); a batch is a range of items,
+    whose rows Spark is handed as they are (``frame``)."""
 
-    def __init__(self, batch_interval_ms: int, items: Sequence[Any], schema: StructType, name: str = "list",
-                 bounded: bool = False) -> None:
-        super().__init__(name, batch_interval_ms, bounded)
+    def __init__(self, items: Sequence[Any], schema: StructType, bounded: bool = False) -> None:
         self.items = items
-        self.schema = schema
+        self.row_schema = schema
+        self.bounded = bounded
+        self.name = "list"
 
-    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> ListReader:
-        return ListReader(self, env, parents)
+    def schema(self) -> StructType:
+        return self.row_schema
 
+    def attach(self, run: SourceRun) -> None:
+        self.name = run.name
 
-class ListReader(RangeReader):
-    node: ListSource
+    def initial_position(self) -> Position:
+        return {"next": 0}
 
-    def allocate(self, batch_time: int) -> None:
-        items, start = self.node.items, self.next_index
-        end = start
+    def end_of_input(self) -> Position:
+        # Where the list ends is decided as batches take it (an END marker): exhausted() tells.
+        return {"next": len(self.items)}
+
+    def exhausted(self, position: Position, end_of_input: Position) -> bool:
+        items, index = self.items, int(position["next"])
+        return index >= len(items) or items[index] is END
+
+    def plan_at(self, start: Position, end_of_input: Position | None, at: BatchTimes) -> SourceBatch:
+        items, first = self.items, int(start["next"])
+        end = first
         while end < len(items) and isinstance(items[end], Abort) and items[end].fired:
             end += 1  # passed by an earlier run
         if end < len(items) and isinstance(items[end], Abort):
             items[end].fired = True
-            raise AbortedForTest(f"input {self.name!r} met Abort() at item {end} (batch {batch_time}); "
+            raise AbortedForTest(f"input {self.name!r} met Abort() at item {end} (batch {at.batch_time_ms}); "
                                  "start the pipeline again from its checkpoint to go on")
         if end < len(items) and items[end] is not END:
             end += 1
-        self.restore_allocation(batch_time, {"start": start, "end": end}, advance=True)
+        return self._range(first, end)
 
-    def exhausted(self) -> bool:
-        items = self.node.items
-        return self.next_index >= len(items) or items[self.next_index] is END
-
-    def report_range(self, batch_time: int, start: int, end: int) -> None:
-        self.report(batch_time, len(self._rows(start, end)))
+    def _range(self, start: int, end: int) -> SourceBatch:
+        rows = self._rows(start, end)
+        return SourceBatch({"next": start}, {"next": end}, ({"start": start, "end": end},) if rows else (),
+                           records=len(rows))
 
     def _rows(self, start: int, end: int) -> list[Any]:
-        return [row for item in self.node.items[start:end] if isinstance(item, list) for row in item]
+        return [row for item in self.items[start:end] if isinstance(item, list) for row in item]
 
-    def compute(self, batch_time: int) -> DataFrame:
-        return self.env.spark.createDataFrame(self._rows(*self.range_of(batch_time)), self.node.schema)
+    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
+        return {"next": int(position["next"]) if position else 0}
+
+    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
+        return {"next": int(record["next"])}, self.end_of_input() if self.bounded else None
+
+    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
+        return {"start": int(batch.start["next"]), "end": int(batch.end["next"])}
+
+    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
+        return self._range(int(record["start"]), int(record["end"]))
+
+    def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
+        [split] = batch.splits
+        return spark.createDataFrame(self._rows(int(split["start"]), int(split["end"])), self.row_schema)
+
+    def read(self, split: Split) -> Iterable[Any]:
+        return self._rows(int(split["start"]), int(split["end"]))

@@ -3,40 +3,55 @@
 from __future__ import annotations
 
 import collections
+import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping
+from typing import Any
 
-from pyspark.sql import DataFrame
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-from batchline.errors import ConfigurationError
-from batchline.streams import InputNode, InputRuntime, RuntimeEnv, StreamRuntime
+from batchline.errors import ConfigurationError, SourceError
+from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
 
 __all__ = ["QueueSource"]
 
+logger = logging.getLogger(__name__)
 
-class QueueSource(InputNode):
+
+class QueueSource(Source):
     """Each batch takes the next queued DataFrame (or all of them); an empty queue gives an
     empty batch with ``schema``. The queue is the user's channel into the pipeline: ``push``
-    adds to it before or while the pipeline runs."""
+    adds to it before or while the pipeline runs.
 
-    def __init__(
-        self,
-        batch_interval_ms: int,
-        frames: Iterable[DataFrame],
-        schema: StructType | None = None,
-        one_at_a_time: bool = True,
-        name: str = "queue",
-    ) -> None:
-        super().__init__(name, batch_interval_ms)
+    The DataFrames live in the driver's memory only: a batch logged before a restart cannot
+    have them again (``can_replay`` is False, and the batch re-runs without them), and their
+    rows are not counted (it would run the user's plans once more). Its position counts the
+    DataFrames taken in this run (``{"taken": n}``); the checkpoint keeps nothing of it.
+    """
+
+    counted = False
+
+    def __init__(self, frames: Iterable[DataFrame], schema: StructType | None = None,
+                 one_at_a_time: bool = True) -> None:
         self._queue: collections.deque[DataFrame] = collections.deque(frames)
         if schema is None:
             if not self._queue:
                 raise ConfigurationError("queue_stream needs a schema when it starts with no DataFrames; pass schema=")
             schema = self._queue[0].schema
-        self.schema = schema
+        self.row_schema = schema
         self.one_at_a_time = one_at_a_time
         self._lock = threading.Lock()
+        self._taken: dict[int, DataFrame] = {}
+        """The DataFrames batches took, by their number in this run, until the engine forgets
+        the batch (a window may read it after it committed)."""
+        self.name = "queue"
+
+    def schema(self) -> StructType:
+        return self.row_schema
+
+    def attach(self, run: SourceRun) -> None:
+        self.name = run.name
 
     def push(self, df: DataFrame) -> None:
         with self._lock:
@@ -48,32 +63,53 @@ class QueueSource(InputNode):
             count = 1 if self.one_at_a_time else len(self._queue)
             return [self._queue.popleft() for _ in range(min(count, len(self._queue)))]
 
-    def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> QueueReader:
-        return QueueReader(self, env, parents)
+    def initial_position(self) -> Position:
+        return {"taken": 0}
 
+    def plan(self, start: Position, end_of_input: Position | None) -> SourceBatch:
+        first = int(start["taken"])
+        frames = self.take()
+        for number, df in enumerate(frames, first):
+            self._taken[number] = df
+        end = first + len(frames)
+        return SourceBatch(start, {"taken": end}, tuple({"frame": n} for n in range(first, end)),
+                           info={"frames": len(frames)})
 
-class QueueReader(InputRuntime):
-    node: QueueSource
+    def can_replay(self, batch: SourceBatch) -> bool:
+        return False
 
-    def __init__(self, node: QueueSource, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
-        super().__init__(node, env, parents)
-        self._taken: dict[int, list[DataFrame]] = {}
+    def forget(self, batch: SourceBatch) -> None:
+        for split in batch.splits:
+            self._taken.pop(int(split.get("frame", -1)), None)
 
-    def allocate(self, batch_time: int) -> None:
-        taken = self.node.take()
-        self._taken[batch_time] = taken
-        self.report(batch_time, None if taken else 0, metadata={"frames": len(taken)})
+    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
+        return {}
 
-    def allocation(self, batch_time: int) -> dict[str, int]:
-        return {"frames": len(self._taken.get(batch_time, []))}
+    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
+        return None, None
 
-    def compute(self, batch_time: int) -> DataFrame:
-        frames = self._taken.get(batch_time) or [self.env.empty_frame(self.node.schema)]
+    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
+        return {"frames": len(batch.splits)}
+
+    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
+        frames = int(record.get("frames", 0))
+        logger.warning("Input %s cannot replay batch %d: it re-runs without this input's data", self.name,
+                       at.batch_time_ms)
+        start = dict(position) if position is not None else {"taken": 0}
+        # The DataFrames are gone with the driver that took them: none of their rows comes back.
+        return SourceBatch(start, start, tuple({"lost": n} for n in range(frames)), info={"frames": frames},
+                           records=0)
+
+    def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
+        frames = [self._taken[int(split["frame"])] for split in batch.splits if int(split.get("frame", -1)) in
+                  self._taken]
+        if not frames:
+            return spark.createDataFrame(spark.sparkContext.emptyRDD(), self.row_schema)
         result = frames[0]
         for df in frames[1:]:
             result = result.unionByName(df)
         return result
 
-    def forget_before(self, threshold_time: int) -> None:
-        for batch_time in [t for t in self._taken if t <= threshold_time]:
-            del self._taken[batch_time]
+    def read(self, split: Split) -> Iterable[Any]:
+        raise SourceError(f"the DataFrames of {self.name} are handed to Spark as they are (frame()), never read "
+                          "split by split; this is a bug in batchline")

@@ -11,6 +11,20 @@ Positions are JSON objects of the source's choosing (a Redis entry id per stream
 per partition, a file name). Nothing pickled goes into the checkpoint; the source object
 itself is pickled into tasks, so open connections lazily where they are used.
 
+The inputs batchline ships are ``Source``s too (files, generated events, a DataFrame, a
+queue of DataFrames, the test list; all but the receivers). What some of them need beyond ``plan`` and ``read``
+comes as optional hooks, each with a default that a plain source never needs to change:
+
+- ``plan_at``: a plan that depends on stream time (events at a rate);
+- ``frame``: a batch Spark reads natively, with or without dead letters;
+- ``SourceBatch.records``: a count known when planning, so no job counts the rows;
+- ``counted = False``: rows nobody counts (a queue of the user's DataFrames);
+- ``can_replay``: a source that cannot give a logged batch again (a queue);
+- ``forget``: a batch no window needs any more (a queue lets its DataFrames go);
+- ``attach``: the run's Spark session and checkpoint location (a DataFrame kept there);
+- ``checkpoint_position``/``restore_position`` and ``log_batch``/``logged_batch``: how the
+  position and each batch are written to the checkpoint and the batch log.
+
 A minimal source::
 
     class Numbers(batchline.Source):
@@ -37,7 +51,9 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
-__all__ = ["Source", "SourceBatch", "DeadLetter", "Position", "Split"]
+from batchline.checkpoint.storage import CheckpointStorage
+
+__all__ = ["Source", "SourceBatch", "SourceRun", "BatchTimes", "DeadLetter", "Position", "Split"]
 
 Position = Mapping[str, Any]
 """Where a source stands: a JSON object."""
@@ -66,15 +82,42 @@ class SourceBatch:
     """Each read by one Spark task, in order; none for an empty batch."""
     info: Mapping[str, Any] = field(default_factory=dict)
     """Anything worth showing with the batch's input statistics (JSON), e.g. the entry ids read."""
+    records: int | None = None
+    """How many rows the batch holds, when the plan knows it (a range of generated events):
+    shown at once, and no job counts the rows. None (the default): counted as they are read."""
 
     def to_json(self) -> dict[str, Any]:
-        return {"start": dict(self.start), "end": dict(self.end), "splits": [dict(s) for s in self.splits],
-                "info": dict(self.info)}
+        data: dict[str, Any] = {"start": dict(self.start), "end": dict(self.end),
+                                "splits": [dict(s) for s in self.splits], "info": dict(self.info)}
+        if self.records is not None:
+            data["records"] = self.records
+        return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SourceBatch:
+        records = data.get("records")
         return cls(dict(data["start"]), dict(data["end"]), tuple(dict(s) for s in data.get("splits", ())),
-                   dict(data.get("info", {})))
+                   dict(data.get("info", {})), None if records is None else int(records))
+
+
+@dataclass(frozen=True)
+class BatchTimes:
+    """When a batch is planned: its time and the pipeline's zero time (ms of stream time;
+    None before the pipeline started)."""
+
+    batch_time_ms: int
+    zero_time_ms: int | None
+
+
+@dataclass(frozen=True)
+class SourceRun:
+    """What a source may use of the run it takes part in (``Source.attach``)."""
+
+    name: str
+    """The input's name in the pipeline (unique; the checkpoint finds the input by it)."""
+    spark: SparkSession
+    storage: CheckpointStorage | None
+    """The checkpoint location, None for a pipeline without one."""
 
 
 class Source(ABC):
@@ -86,6 +129,9 @@ class Source(ABC):
     """
 
     bounded: bool = False
+    counted: bool = True
+    """False for a source whose rows the engine should not count (a queue of the user's
+    DataFrames: counting would run their plans once more); its records show as unknown."""
 
     @abstractmethod
     def schema(self) -> StructType:
@@ -101,11 +147,16 @@ class Source(ABC):
         raise NotImplementedError(f"{type(self).__name__} is bounded but does not say where it ends: implement "
                                   "end_of_input()")
 
-    @abstractmethod
     def plan(self, start: Position, end_of_input: Position | None) -> SourceBatch:
         """On the driver, at every batch: what the batch takes from ``start`` on (never
         beyond ``end_of_input`` when bounded). Return ``SourceBatch(start, start)`` when
-        nothing is new."""
+        nothing is new. Every source implements this, or ``plan_at``."""
+        raise NotImplementedError(f"{type(self).__name__} does not say what a batch takes: implement plan()")
+
+    def plan_at(self, start: Position, end_of_input: Position | None, at: BatchTimes) -> SourceBatch:
+        """What the engine calls to plan a batch: ``plan``, unless the batch's content depends
+        on stream time (events at a rate since the pipeline's zero time), which ``at`` gives."""
+        return self.plan(start, end_of_input)
 
     @abstractmethod
     def read(self, split: Split) -> Iterable[Any]:
@@ -126,10 +177,44 @@ class Source(ABC):
     def acknowledge(self, batch: SourceBatch) -> None:  # noqa: B027 (optional hook)
         """After the batch committed, on the driver (e.g. XACK, a consumer group's offset)."""
 
+    def forget(self, batch: SourceBatch) -> None:  # noqa: B027 (optional hook)
+        """When the engine no longer needs the batch (committed, and past every window that
+        reads it): a source that holds a batch's data in memory lets it go."""
+
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame | None:
         """A source whose splits Spark reads natively may build the batch's DataFrame itself
-        (``spark.range``, ``spark.read``); None (the default) reads every split with ``read``."""
+        (``spark.range``, ``spark.read``); None (the default) reads every split with ``read``.
+
+        The frame has ``schema()``'s columns; one that parses records may add the dead-letter
+        columns of ``batchline.sources.parsing`` (``RAW`` and ``REASON``, null for a good row,
+        and ``SOURCE_FILE``, where a bad record came from): the engine counts and routes them."""
         return None
+
+    def attach(self, run: SourceRun) -> None:  # noqa: B027 (optional hook)
+        """When the pipeline is built for a run, before a restart restores or replays anything:
+        the Spark session and the checkpoint location, for a source that keeps data there."""
+
+    # ---------------------------------------------------------------- how it is written down
+    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
+        """The position (None before the first ``open``) and a bounded source's end, as the
+        checkpoint keeps them (JSON)."""
+        return {"position": None if position is None else dict(position),
+                "end_of_input": None if end_of_input is None else dict(end_of_input)}
+
+    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
+        """The position and end of input that ``checkpoint_position`` wrote (None: not known
+        yet, asked again at ``open``)."""
+        return record.get("position"), record.get("end_of_input")
+
+    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
+        """The batch as the batch log keeps it (JSON), written before any of its jobs runs."""
+        return batch.to_json()
+
+    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
+        """After a restart, the batch ``log_batch`` wrote. For a batch logged after the
+        checkpoint, ``position`` is where the source stands (the batch's start) and the
+        batch's end becomes its position; for one before, which only runs again, it is None."""
+        return SourceBatch.from_json(record)
 
     def open(self) -> None:  # noqa: B027 (optional hook)
         """Once per run on the driver, before the first plan."""

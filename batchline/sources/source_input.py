@@ -7,6 +7,8 @@ holds the position after the last logged batch and, for a bounded source, its en
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -16,16 +18,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
-from pyspark.sql import DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
 
 from batchline.batch_time import format_batch_time
 from batchline.errors import ConfigurationError, SourceError
+from batchline.scheduler.job import Job, JobKind
 from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
-from batchline.sources.parsing import DEAD_LETTER_SCHEMA, RAW, REASON
-from batchline.sources.source import DeadLetter, Source, SourceBatch, Split
+from batchline.sources.parsing import DEAD_LETTER_SCHEMA, RAW, REASON, SOURCE_FILE
+from batchline.sources.source import BatchTimes, DeadLetter, Position, Source, SourceBatch, SourceRun, Split
 from batchline.spark import forget_accumulator
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
 from batchline.streams.base import ArrowFunction
@@ -49,6 +52,9 @@ class SourceInput(InputNode):
             raise ConfigurationError(
                 f"ssc.input() takes a batchline.Source; got {source!r}. Subclass batchline.Source (schema, "
                 "initial_position, plan, read)")
+        if type(source).plan is Source.plan and type(source).plan_at is Source.plan_at:
+            raise ConfigurationError(f"{type(source).__name__} does not say what a batch takes: implement plan() "
+                                     "(or plan_at(), for batches that depend on stream time)")
         schema = source.schema()
         if not isinstance(schema, StructType):
             raise ConfigurationError(f"{type(source).__name__}.schema() must return a StructType; got {schema!r}")
@@ -67,6 +73,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
     def __init__(self, node: SourceInput, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
         super().__init__(node, env, parents)
         self.source = node.source
+        self.source.attach(SourceRun(node.name, env.spark, env.checkpoint.storage if env.checkpoint else None))
         self.position: dict[str, Any] | None = None
         self.end_of_input: dict[str, Any] | None = None
         self._batches: dict[int, SourceBatch] = {}
@@ -76,9 +83,17 @@ class SourceReader(InputRuntime, DeadLetterReader):
         tasks counted."""
         self._native: set[int] = set()
         """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
-        self._columns = [F.col(name) for name in node.schema.fieldNames()]
-        self._metrics = [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
-                         F.count(F.col(REASON)).alias("dead_letters")]
+
+    @functools.cached_property
+    def _columns(self) -> list[Column]:
+        """The schema's columns, built once (building a column is a call into the JVM)."""
+        return [F.col(name) for name in self.node.schema.fieldNames()]
+
+    @functools.cached_property
+    def _metrics(self) -> list[Column]:
+        """What the observation of a counted batch counts: good rows and dead letters."""
+        return [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
+                F.count(F.col(REASON)).alias("dead_letters")]
 
     # ---------------------------------------------------------------- positions
     def open(self) -> None:
@@ -88,7 +103,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         if self.node.bounded and self.end_of_input is None:
             self.end_of_input = dict(self.source.end_of_input())
             logger.info("Bounded input %s reads up to %s, where it stood at its first start", self.name,
-                        self.end_of_input)
+                        _shown(self.end_of_input))
 
     def stop(self, graceful: bool) -> None:
         try:
@@ -97,38 +112,46 @@ class SourceReader(InputRuntime, DeadLetterReader):
             logger.exception("Closing input %s failed", self.name)
 
     def snapshot(self) -> dict[str, Any]:
-        return {"position": self.position, "end_of_input": self.end_of_input}
+        return self.source.checkpoint_position(self.position, self.end_of_input)
 
     def restore(self, snapshot: dict[str, Any]) -> None:
-        self.position = snapshot.get("position")
-        self.end_of_input = snapshot.get("end_of_input")
+        position, end_of_input = self.source.restore_position(snapshot)
+        self.position = None if position is None else dict(position)
+        self.end_of_input = None if end_of_input is None else dict(end_of_input)
 
     def exhausted(self) -> bool:
         return (self.node.bounded and self.position is not None and self.end_of_input is not None
                 and self.source.exhausted(self.position, self.end_of_input))
 
     # ---------------------------------------------------------------- batches
+    def _times(self, batch_time: int) -> BatchTimes:
+        return BatchTimes(batch_time, self.zero_time)
+
     def allocate(self, batch_time: int) -> None:
         if self.position is None:
             raise SourceError(f"input {self.name!r} was asked for a batch before it was opened; this is a bug in "
                               "batchline")
-        batch = self.source.plan(dict(self.position), self.end_of_input)
+        batch = self.source.plan_at(dict(self.position), self.end_of_input, self._times(batch_time))
         if not isinstance(batch, SourceBatch):
             raise SourceError(f"{type(self.source).__name__}.plan() must return a SourceBatch; got {batch!r}")
         if batch.splits:
             logger.debug("Batch %s takes %d splits from %s: %s to %s", format_batch_time(batch_time),
-                         len(batch.splits), self.name, dict(batch.start), dict(batch.end))
-        self.restore_allocation(batch_time, batch.to_json(), advance=True)
+                         len(batch.splits), self.name, _shown(batch.start), _shown(batch.end))
+        self._take(batch_time, batch, advance=True)
 
     def allocation(self, batch_time: int) -> dict[str, Any]:
-        return self._batches[batch_time].to_json()
+        return self.source.log_batch(self._batches[batch_time])
 
     def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
-        batch = SourceBatch.from_json(allocation)
+        position = self.position if advance else None
+        self._take(batch_time, self.source.logged_batch(allocation, position, self._times(batch_time)), advance)
+
+    def _take(self, batch_time: int, batch: SourceBatch, advance: bool) -> None:
         self._batches[batch_time] = batch
         if advance:
             self.position = dict(batch.end)
-        self.report(batch_time, None if batch.splits else 0, metadata=dict(batch.info))
+        records = batch.records if batch.records is not None else None if batch.splits else 0
+        self.report(batch_time, records, metadata=dict(batch.info))
 
     def batch(self, batch_time: int) -> SourceBatch | None:
         """What ``batch_time`` took (None once forgotten, or for a batch it was not in)."""
@@ -140,7 +163,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
 
     def forget_before(self, threshold_time: int) -> None:
         for batch_time in [t for t in self._batches if t <= threshold_time]:
-            del self._batches[batch_time]
+            self.source.forget(self._batches.pop(batch_time))
 
     def on_batch_committed(self, batch_time: int) -> None:
         batch = self._batches.get(batch_time)
@@ -154,6 +177,11 @@ class SourceReader(InputRuntime, DeadLetterReader):
                              format_batch_time(batch_time))
 
     # ---------------------------------------------------------------- reading
+    def _counts(self, batch: SourceBatch) -> bool:
+        """Whether the engine counts the batch's rows as jobs read them (not when the plan
+        knew how many, nor for a source that asks not to be counted)."""
+        return bool(batch.splits) and batch.records is None and self.source.counted
+
     def compute(self, batch_time: int) -> DataFrame:
         """The batch's good rows; all rows are counted, good and bad, by the first job that
         reads them all (``observe``), or by the tasks of an output that wrote the batch in the
@@ -161,12 +189,22 @@ class SourceReader(InputRuntime, DeadLetterReader):
         batch = self._batches.get(batch_time)
         if batch is None or not batch.splits:
             return self.env.empty_frame(self.node.schema)
+        if not self._counts(batch):
+            native = self.source.frame(self.env.spark, batch)
+            if native is not None:
+                self._native.add(batch_time)
+                return native
         counts = Observation()
         rows = self._rows(batch_time, batch).observe(counts, *self._metrics)
-        if self._readers.jobs > 1 or self.remember_ms > self.node.slide_ms:
+        if self._cached:
             rows = rows.persist(StorageLevel.MEMORY_AND_DISK)
         self._read[batch_time] = CountedBatch(rows, counts)
         return rows.where(F.col(REASON).isNull()).select(*self._columns)
+
+    @property
+    def _cached(self) -> bool:
+        # Read once: cached only when several jobs read the rows, or later batches do (windows).
+        return self._readers.jobs > 1 or self.remember_ms > self.node.slide_ms
 
     def map_in_arrow(self, batch_time: int, df: DataFrame, fn: ArrowFunction, schema: Any) -> DataFrame:
         """``fn`` in the tasks that read the splits, when ``df`` is this batch as read and the
@@ -177,7 +215,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         with self._lock:
             handed = self._generated.get(batch_time)
         if (df is not handed or batch is None or not batch.splits or batch_time in self._native
-                or self._readers.jobs != 1 or self.remember_ms > self.node.slide_ms):
+                or not self._counts(batch) or self._readers.jobs != 1 or self.remember_ms > self.node.slide_ms):
             return df.mapInArrow(fn, schema)
         tally: Accumulator[Tally] = self.env.spark.sparkContext.accumulator({}, _TallyParam())
         previous = self._direct.pop(batch_time, None)
@@ -192,6 +230,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         native = self.source.frame(self.env.spark, batch)
         if native is not None:
             self._native.add(batch_time)
+            if REASON in native.columns:  # the source parsed its records: its dead letters are in the frame
+                return native
             return native.select(*self._columns, F.lit(None).cast("string").alias(RAW),
                                  F.lit(None).cast("string").alias(REASON))
         schema = _with_dead_letter_columns(self.node.schema)
@@ -216,12 +256,31 @@ class SourceReader(InputRuntime, DeadLetterReader):
         if read is not None and read.frame.is_cached:
             read.frame.unpersist()
 
-    def after_jobs(self, batch_time: int) -> None:
+    def prepare_job(self, batch_time: int) -> Job | None:
+        """A job that reads and counts the batch's rows only when the first job that reads
+        them would not read them all (a ``console`` output)."""
         batch = self._batches.get(batch_time)
-        if batch is None or not batch.splits:
-            return
+        if batch is None or not self._counts(batch) or self._readers.first_reads_all:
+            return None
+        read = self._counted(batch_time)
+
+        def read_and_count() -> None:
+            read.frame.count()  # the observation counts; after_jobs reports
+
+        return Job(batch_time, self.name, read_and_count, JobKind.READ)
+
+    def _counted(self, batch_time: int) -> CountedBatch:
         self.get_or_compute(batch_time)
-        read = self._read[batch_time]
+        return self._read[batch_time]
+
+    def after_jobs(self, batch_time: int) -> None:
+        """Report the batch's good rows and dead letters as the jobs that read them counted
+        them (once, however many jobs read them, and whichever attempt of a task or of the
+        batch did), and say where the bad ones went."""
+        batch = self._batches.get(batch_time)
+        if batch is None or not self._counts(batch):
+            return
+        read = self._counted(batch_time)
         direct = self._direct.get(batch_time)
         counted = direct.value if direct is not None else {}
         if direct is not None and set(counted) == set(range(len(batch.splits))):
@@ -233,25 +292,34 @@ class SourceReader(InputRuntime, DeadLetterReader):
                 read.frame.limit(0).collect()
         else:
             if not read.counted():
-                read.frame.count()  # no job read every row (no output reads this input): count now
+                read.frame.count()  # no job read every row (every reader had finished): count now
             good, bad = int(read.counts.get["records"]), int(read.counts.get["dead_letters"])
         self.report(batch_time, good, dead_letters=bad, metadata=dict(batch.info))
         if bad and self.node.dead_letters.node_id not in self.env.consumed:
             rows = self.dead_letter_frame(batch_time).limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
             logger.warning("Batch %s: %d bad records of input %s went to the dead letters; attach an output to "
-                           "its dead_letters stream to keep them (first %d follow)", format_batch_time(batch_time),
+                           "stream.dead_letters to keep them (first %d follow)", format_batch_time(batch_time),
                            bad, self.name, len(rows))
             for row in rows:
-                logger.warning("Dead letter from %s: %s | raw: %s", self.name, row.reason, row.raw_record)
+                logger.warning("Dead letter from %s: %s | raw: %s", row.source, row.reason, row.raw_record)
 
     def dead_letter_frame(self, batch_time: int) -> DataFrame:
+        """The batch's bad records: ``raw_record``, ``reason``, ``source`` (the file a parsed
+        record came from, else the input's name), ``batch_time``."""
         self.get_or_compute(batch_time)
         read = self._read.get(batch_time)
         if read is None:
             return self.env.empty_frame(DEAD_LETTER_SCHEMA)
+        where = F.col(SOURCE_FILE) if SOURCE_FILE in read.frame.columns else F.lit(self.name)
         return read.frame.where(F.col(REASON).isNotNull()).select(
-            F.col(RAW).alias("raw_record"), F.col(REASON).alias("reason"), F.lit(self.name).alias("source"),
+            F.col(RAW).alias("raw_record"), F.col(REASON).alias("reason"), where.alias("source"),
             F.lit(format_batch_time(batch_time)).alias("batch_time"))
+
+
+def _shown(position: Position) -> str:
+    """A position for a log line: its JSON, cut short (a bounded file source's end lists files)."""
+    text = json.dumps(dict(position), default=str)
+    return text if len(text) <= 200 else text[:200] + "..."
 
 
 def _with_dead_letter_columns(schema: StructType) -> StructType:

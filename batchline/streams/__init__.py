@@ -19,7 +19,7 @@ it. It uses ``sinks`` (which knows nothing of the stream model) for the interfac
 
 from batchline.streams.base import Readers, RuntimeEnv, StreamNode, StreamRuntime, Watermark
 from batchline.streams.graph import StreamGraph
-from batchline.streams.inputs import InputNode, InputRuntime, RangeReader
+from batchline.streams.inputs import InputNode, InputRuntime
 from batchline.streams.nodes import TransformNode, WatermarkNode, WindowNode
 from batchline.streams.output import OutputOperation
 from batchline.streams.pipeline import PipelineRuntime
@@ -29,7 +29,6 @@ __all__ = [
     "InputRuntime",
     "OutputOperation",
     "PipelineRuntime",
-    "RangeReader",
     "Readers",
     "RuntimeEnv",
     "StreamGraph",

@@ -1,4 +1,6 @@
-"""Inputs: a node that names a source, and the runtime contract every source implements.
+"""Inputs: a node that names a source, and the runtime contract the engine runs every input
+by. It is internal: a source author writes a ``batchline.Source``, which
+``sources.source_input`` runs on this contract (the receivers still implement it directly).
 
 Recovery contract (all JSON, never pickles): ``allocation(t)`` says what batch ``t`` took,
 ``restore_allocation`` gives a batch exactly that again after a restart, and
@@ -17,7 +19,7 @@ from batchline.batch_time import format_batch_time
 from batchline.scheduler.input_info import StreamInputInfo
 from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime
 
-__all__ = ["InputNode", "InputRuntime", "RangeReader"]
+__all__ = ["InputNode", "InputRuntime"]
 
 logger = logging.getLogger(__name__)
 
@@ -154,44 +156,3 @@ class InputRuntime(StreamRuntime):
                metadata: dict[str, Any] | None = None) -> None:
         self.env.input_info.report(batch_time, StreamInputInfo(self.input_id, self.name, num_records,
                                                                dead_letters=dead_letters, metadata=metadata or {}))
-
-
-class RangeReader(InputRuntime):
-    """An input whose batches are index ranges ``[start, end)`` of a replayable sequence (the
-    generator's events, a test's list): it logs and replays a batch by its range, and keeps
-    its position, the next index, under ``position_key`` in a checkpoint."""
-
-    position_key = "next"
-
-    def __init__(self, node: InputNode, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
-        super().__init__(node, env, parents)
-        self.next_index = 0
-        self._ranges: dict[int, tuple[int, int]] = {}
-
-    def report_range(self, batch_time: int, start: int, end: int) -> None:
-        """Report what the batch's range holds to the input statistics."""
-        self.report(batch_time, end - start, metadata={"start": start, "end": end})
-
-    def range_of(self, batch_time: int) -> tuple[int, int]:
-        return self._ranges.get(batch_time, (0, 0))
-
-    def allocation(self, batch_time: int) -> dict[str, Any]:
-        start, end = self._ranges[batch_time]
-        return {"start": start, "end": end}
-
-    def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
-        start, end = int(allocation["start"]), int(allocation["end"])
-        self._ranges[batch_time] = (start, end)
-        if advance:
-            self.next_index = max(self.next_index, end)
-        self.report_range(batch_time, start, end)
-
-    def snapshot(self) -> dict[str, Any]:
-        return {self.position_key: self.next_index}
-
-    def restore(self, snapshot: dict[str, Any]) -> None:
-        self.next_index = int(snapshot[self.position_key])
-
-    def forget_before(self, threshold_time: int) -> None:
-        for batch_time in [t for t in self._ranges if t <= threshold_time]:
-            del self._ranges[batch_time]

@@ -16,7 +16,7 @@ from batchline.checkpoint.events import EVENTS, JobEventStore
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.cli.main import main
-from batchline.sources.files import FileReader
+from batchline.sources.files import FileSource
 from batchline.state import GroupStateTimeout, read_state
 from batchline.testing import END, BatchRecorder, CollectSink, list_stream
 from tests.helpers import Count, LogWatcher, running_count
@@ -210,13 +210,13 @@ def test_unbounded_input_keeps_running_after_a_bounded_one_ended(spark, tmp_path
         (history / f"h{f}.json").write_text("".join(json.dumps({"key": f"k{i % 2}", "value": 1}) + "\n"
                                                     for i in range(4)))
     read_paths: list[str] = []
-    original = FileReader._read
+    original = FileSource.frame
 
-    def spying_read(self, files):
-        read_paths.extend(files)
-        return original(self, files)
+    def spying_frame(self, spark, batch):
+        read_paths.extend(split["file"] for split in batch.splits)
+        return original(self, spark, batch)
 
-    monkeypatch.setattr(FileReader, "_read", spying_read)
+    monkeypatch.setattr(FileSource, "frame", spying_frame)
     schema = "key string, value long"
 
     def build():

@@ -112,7 +112,7 @@ def test_the_backlog_after_down_time_is_spread_under_the_rate_limit(spark, tmp_p
     first.ssc.stop()
     second = Pipeline(spark, tmp_path, 30_500, concurrent_jobs=1)
     # A new generator rate after an upgrade: the backlog is 50 events a batch, the cap 15.
-    second.events.node.rate = 50
+    second.events.node.source.rate = 50
     second.ssc.start()
     second.recorder.wait_for_batch(30_000)
     second.ssc.stop()

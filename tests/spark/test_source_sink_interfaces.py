@@ -11,6 +11,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from batchline import ConfigurationError, DeadLetter, Sink, Source, SourceBatch, StreamingContext
 from batchline.errors import BatchFailedError
 from batchline.scheduler.retry import RetryPolicy
+from batchline.sources.source_input import SourceInput
 from batchline.testing import BatchRecorder
 
 TOTAL, PER_BATCH, PER_SPLIT = 230, 40, 15
@@ -134,6 +135,21 @@ def test_the_interfaces_refuse_what_is_not_theirs(spark):
     stream = ssc.input(Numbers())
     with pytest.raises(ConfigurationError, match="takes a batchline.Sink"):
         stream.write(lambda df, t: None)
+
+
+def test_a_source_that_does_not_say_what_a_batch_takes_is_refused_where_it_is_added():
+    class Nothing(Source):
+        def schema(self):
+            return StructType([StructField("n", LongType())])
+
+        def initial_position(self):
+            return {}
+
+        def read(self, split):
+            return ()
+
+    with pytest.raises(ConfigurationError, match=r"Nothing does not say what a batch takes: implement plan\(\)"):
+        SourceInput(Nothing(), "nothing", 1000)
 
 
 class ArrowSink(Sink):

@@ -13,8 +13,9 @@ from pyspark.sql.types import IntegerType, StructField, StructType
 from batchline.clock import ManualClock
 from batchline.errors import ConfigurationError
 from batchline.scheduler.input_info import InputInfoTracker
-from batchline.sources.files import FileReader, FileSource
+from batchline.sources.files import FileSource
 from batchline.sources.seen_files import SeenFiles
+from batchline.sources.source_input import SourceInput, SourceReader
 from batchline.streams import RuntimeEnv
 
 HOUR = 3600.0
@@ -28,12 +29,17 @@ def write(directory, name, modified_s):
     return path
 
 
-def make_reader(directory, **options) -> FileReader:
+def make_reader(directory, opened=True, **options) -> SourceReader:
+    """A file source's reader, opened as a pipeline opens it at its first start (unless not ``opened``)."""
     options.setdefault("settle_s", 0)
     options.setdefault("max_file_age", "1 hour")
-    node = FileSource(1000, str(directory), "json", StructType([StructField("id", IntegerType())]), **options)
+    source = FileSource(str(directory), "json", StructType([StructField("id", IntegerType())]), **options)
+    node = SourceInput(source, f"files:{directory}", 1000)
     env = RuntimeEnv(None, ManualClock(0), 1000, InputInfoTracker(), None, None, frozenset())  # type: ignore[arg-type]
-    return node.create_runtime(env, [])
+    reader = node.create_runtime(env, [])
+    if opened:
+        reader.open()
+    return reader
 
 
 def take(reader, batch_time):
@@ -50,7 +56,7 @@ def checkpointed(reader):
 
 def restarted(directory, snapshot, logged=(), **options):
     """A new run restored from ``snapshot``, given the batches logged after it (as a restart does)."""
-    reader = make_reader(directory, **options)
+    reader = make_reader(directory, opened=False, **options)
     reader.restore(snapshot)
     for batch_time, allocation in logged:
         reader.restore_allocation(batch_time, json.loads(json.dumps(allocation)), advance=True)
