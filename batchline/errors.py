@@ -16,6 +16,7 @@ __all__ = [
     "SourceError",
     "SinkError",
     "JavaNotFoundError",
+    "CheckpointFormatError",
 ]
 
 
@@ -50,6 +51,10 @@ class SourceError(BatchlineError):
 
 class JavaNotFoundError(ConfigurationError):
     """Spark cannot start: no Java runtime, or one older than Spark needs."""
+
+
+class CheckpointFormatError(ConfigurationError):
+    """A checkpoint was written in a format this release cannot read (a newer release wrote it)."""
 
 
 class SinkError(BatchlineError):
