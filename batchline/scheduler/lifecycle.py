@@ -25,7 +25,7 @@ from typing import Protocol, TypeVar
 from batchline.clock import Clock
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job, JobSet
-from batchline.scheduler.listener import BatchInfo, ListenerBus
+from batchline.scheduler.listener import BatchInfo, ListenerBus, ListenerEvent
 from batchline.scheduler.progress import (
     CANCELLED,
     COMPLETED,
@@ -129,10 +129,10 @@ class BatchLifecycle:
     def generated(self, job_set: JobSet) -> None:
         with self._lock:
             self._traces[job_set.time] = _Trace()
-        self._bus.post("on_batch_submitted", self._info(job_set, 0))
+        self._bus.post(ListenerEvent.BATCH_SUBMITTED, self._info(job_set, 0))
 
     def started(self, job_set: JobSet, attempts: int) -> None:
-        self._bus.post("on_batch_started", self._info(job_set, attempts))
+        self._bus.post(ListenerEvent.BATCH_STARTED, self._info(job_set, attempts))
 
     def job_finished(self, job_set: JobSet, job: Job, started_ms: int, ended_ms: int) -> None:
         with self._lock:
@@ -145,7 +145,7 @@ class BatchLifecycle:
             trace = self._trace(job_set.time)
             trace.errors.append(f"attempt {attempt}: {failure}")
             trace.jobs.clear()  # the record times the attempt that counts, the last one
-        self._bus.post("on_batch_retrying", self._info(job_set, attempt, failure))
+        self._bus.post(ListenerEvent.BATCH_RETRYING, self._info(job_set, attempt, failure))
 
     def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0, cancelled: bool = False) -> None:
         """The batch committed, failed for good (``job_set.failure``), or was cancelled by a stop."""
@@ -153,15 +153,15 @@ class BatchLifecycle:
         progress = self._progress(job_set, info, commit_ms, cancelled)
         with self._lock:
             self._recent.append(progress)
-        self._bus.post("on_batch_completed", info)
-        self._bus.post("on_progress", progress)
+        self._bus.post(ListenerEvent.BATCH_COMPLETED, info)
+        self._bus.post(ListenerEvent.PROGRESS, progress)
 
     def checkpoint_written(self, time: int, duration_ms: int, size: int) -> None:
         with self._lock:
             self._checkpoints.append(CheckpointProgress(time, duration_ms, size))
 
     def error(self, error: BaseException) -> None:
-        self._bus.post("on_error", error)
+        self._bus.post(ListenerEvent.ERROR, error)
 
     # ---------------------------------------------------------------- building
     def _trace(self, batch_time: int) -> _Trace:
