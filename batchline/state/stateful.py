@@ -36,7 +36,7 @@ from pyspark.sql.types import StructType
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
 from batchline.choices import choose
-from batchline.errors import ConfigurationError, ContextStateError
+from batchline.errors import ConfigurationError, ContextStateError, MissingBatchParamsError
 from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.scheduler.retry import error_chain
 from batchline.spark import forget_accumulator
@@ -47,7 +47,6 @@ from batchline.state.contract import (
     PartitionFacts,
     Stats,
     error_from_task,
-    missing_params_error,
 )
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import AtEnd, GroupStateTimeout, last_due
@@ -430,12 +429,12 @@ class StatefulRuntime(StreamRuntime):
         retry mends: that is raised as a ``ConfigurationError``."""
         if not self._in_output_job:
             return None
-        missing = missing_params_error(self.name)
         for cause in error_chain(error):
             found = error_from_task(cause)
             if found is not None:
                 return FailedIn(self._naming_job(batch_time), found)
-            if str(missing) in str(cause):
+            missing = MissingBatchParamsError.carried_in(cause)
+            if missing is not None and missing.operator == self.name:
                 return missing
         started = self._started.get(batch_time)
         if started is not None and not self._all_reported(self._reported(batch_time, started.params)):
