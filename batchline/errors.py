@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+import json
+import re
+from typing import Any, ClassVar, Self
 
 from batchline.batch_time import format_batch_time
 
@@ -16,6 +18,10 @@ __all__ = [
     "SourceError",
     "SinkError",
     "JavaNotFoundError",
+    "CheckpointFormatError",
+    "CarriedError",
+    "MissingBatchParamsError",
+    "DuplicateStateKeyError",
 ]
 
 
@@ -50,6 +56,85 @@ class SourceError(BatchlineError):
 
 class JavaNotFoundError(ConfigurationError):
     """Spark cannot start: no Java runtime, or one older than Spark needs."""
+
+
+class CheckpointFormatError(ConfigurationError):
+    """A checkpoint was written in a format this release cannot read (a newer release wrote it)."""
+
+
+_CARRIED_START, _CARRIED_END = "<<batchline-error ", " end-batchline-error>>"
+_CARRIED = re.compile(re.escape(_CARRIED_START) + r"(\{.*?\})" + re.escape(_CARRIED_END))
+
+
+def _rebuild(cls: type[CarriedError], attributes: dict[str, Any], carry: bool) -> CarriedError:
+    return cls(**attributes, carry=carry)
+
+
+class CarriedError(BatchlineError):
+    """An error a Spark task raises that the driver must recognise by its type and attributes.
+
+    Spark hands the driver only the text of a task's error (inside a Py4J error of its own),
+    so the message of an error raised with ``carry=True`` ends with its type's name and its
+    ``attributes`` as JSON between markers; ``carried_in`` finds them in any error and builds
+    the error again, with ``carry=False`` (its message without them). No error is recognised
+    by what its message says."""
+
+    attributes: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, message: str, carry: bool) -> None:
+        self.carry = carry
+        if carry:
+            payload = {"type": type(self).__name__, "attributes": self._attribute_values()}
+            body = json.dumps(payload, ensure_ascii=True, sort_keys=True)
+            body = body.replace("<", "\\u003c").replace(">", "\\u003e")  # the markers never occur inside
+            message = f"{message} {_CARRIED_START}{body}{_CARRIED_END}"
+        super().__init__(message)
+
+    def _attribute_values(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.attributes}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self._attribute_values(), self.carry))
+
+    @classmethod
+    def carried_in(cls, error: BaseException) -> Self | None:
+        """This type's error as ``error`` is it or carries it in its text; else None."""
+        if isinstance(error, cls):
+            return error
+        for found in _CARRIED.finditer(str(error)):
+            try:
+                payload = json.loads(found.group(1))
+            except ValueError:
+                continue
+            if payload.get("type") == cls.__name__:
+                return cls(**payload["attributes"], carry=False)
+        return None
+
+
+class MissingBatchParamsError(CarriedError, ConfigurationError):
+    """A task of a stateful operator ran without the batch's parameters: its DataFrame was
+    evaluated outside the batch's jobs."""
+
+    attributes = ("operator",)
+
+    def __init__(self, operator: str, carry: bool = True) -> None:
+        self.operator = operator
+        super().__init__(
+            f"the job has no batch parameters for stateful operator {operator!r}; its DataFrame was evaluated "
+            "outside the batch's jobs, or on a thread other than the one that called the output. Read a stateful "
+            "operator's output only from an output operation (foreach_batch and the like), on the thread that "
+            "called it; to use a thread of your own there, start it as pyspark.InheritableThread, which carries "
+            "the batch's parameters", carry)
+
+
+class DuplicateStateKeyError(CarriedError, ConfigurationError):
+    """A state DataFrame holds a key more than once (the state holds one row per key)."""
+
+    attributes = ("key_repr",)
+
+    def __init__(self, key_repr: str, carry: bool = True) -> None:
+        self.key_repr = key_repr
+        super().__init__(f"the state DataFrame has key {key_repr} more than once; keep one row for each key", carry)
 
 
 class SinkError(BatchlineError):

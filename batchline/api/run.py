@@ -139,9 +139,8 @@ class PipelineRun:
 
     def _already_finished(self, checkpoint: Checkpoint) -> bool:
         """The location's newest checkpoint is the final one of this same pipeline: nothing to run."""
-        final = checkpoint.extra.get("final")
-        finished_inputs = checkpoint.extra.get("finished", {}).get("inputs", {})
-        if not final or set(checkpoint.outputs) != {op.name for op in self.graph.outputs} or any(
+        finished_inputs = checkpoint.finished_inputs
+        if checkpoint.final is None or set(checkpoint.outputs) != {op.name for op in self.graph.outputs} or any(
                 node.name not in finished_inputs for node in self.graph.inputs):
             return False
         assert self.checkpoints is not None
@@ -279,8 +278,9 @@ class PipelineRun:
         writer.stop()  # what is queued first: the final checkpoint is the newest
         final = self.commit.final_checkpoint()
         writer.write_now(final)
+        assert final.final is not None
         logger.info("Final checkpoint written for batch %s with the outputs' commits %s; the pipeline is finished",
-                    format_batch_time(final.time), final.extra["final"]["output_commits"])
+                    format_batch_time(final.time), final.final.output_commits)
 
     def _fail(self, error: BaseException) -> None:
         """A batch or the generator failed: remember the error and stop without waiting."""

@@ -17,11 +17,11 @@ from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.sinks.console import ConsoleSink
 from batchline.sinks.files import DEFAULT_KEEP_COMMITS, FileSink
-from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink
+from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink, WriteMode
 from batchline.sinks.sink import ForeachBatchSink, Sink
 from batchline.sources.queue import QueueSource
 from batchline.sources.source_input import SourceInput
-from batchline.state.group_state import GroupStateTimeout
+from batchline.state.group_state import AtEnd, GroupStateTimeout
 from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
 from batchline.streams.base import Watermark
@@ -117,13 +117,13 @@ class Stream:
         sink = FileSink(path, format, options, storage_options=storage_options, keep_commits=keep_commits)
         return self.graph.add_output(self.node, sink, name or f"files:{path}")
 
-    def write_postgres(self, dsn: str, table: str, *, mode: str = "append", key: Sequence[str] = (),
+    def write_postgres(self, dsn: str, table: str, *, mode: WriteMode | str = WriteMode.APPEND, key: Sequence[str] = (),
                        name: str | None = None, progress_table: str = PROGRESS_TABLE) -> OutputOperation:
         """Write every batch into PostgreSQL ``table`` exactly once: rows are loaded with COPY
         from the tasks into a staging table, then moved into ``table`` in one transaction with
         a row of ``progress_table`` (pipeline, output, batch time, fencing token), so a batch
         that runs again writes nothing twice and a driver that lost its lease writes nothing.
-        ``mode="upsert"`` inserts or updates by ``key`` (a primary key or unique index). The
+        ``mode=WriteMode.UPSERT`` (or ``"upsert"``) inserts or updates by ``key`` (a primary key or unique index). The
         stream's columns must be columns of ``table``, checked before anything is written."""
         sink = PostgresSink(dsn, table, mode, key, progress_table)
         return self.graph.add_output(self.node, sink, name or f"postgres:{table}")
@@ -181,7 +181,7 @@ class KeyedStream:
         name: str | None = None,
         num_partitions: int | None = None,
         initial_state: DataFrame | None = None,
-        at_end: str = "keep",
+        at_end: AtEnd | str = AtEnd.KEEP,
     ) -> Stream:
         """Call ``fn(key, rows, state)`` once per key with data in a batch, and for keys whose
         timeout passed; it returns (or yields) any number of output rows (SPEC D1, D2).
@@ -196,8 +196,8 @@ class KeyedStream:
 
         When every input has ended (bounded inputs), event-time timeouts all fire (the
         watermark reaches the end of time) before the pipeline finishes; keys with
-        processing-time timeouts are kept for a later run (``at_end="keep"``) or all time
-        out (``at_end="time_out"``).
+        processing-time timeouts are kept for a later run (``at_end=AtEnd.KEEP``, or ``"keep"``)
+        or all time out (``at_end=AtEnd.TIME_OUT``, or ``"time_out"``).
         """
         return self._with_state(fn, True, state_schema, output_schema, timeout, name, num_partitions, initial_state,
                                 at_end)
@@ -212,7 +212,7 @@ class KeyedStream:
         name: str | None = None,
         num_partitions: int | None = None,
         initial_state: DataFrame | None = None,
-        at_end: str = "keep",
+        at_end: AtEnd | str = AtEnd.KEEP,
     ) -> Stream:
         """Like ``flat_map_groups_with_state``, with exactly one output row per call."""
         return self._with_state(fn, False, state_schema, output_schema, timeout, name, num_partitions, initial_state,
@@ -220,7 +220,7 @@ class KeyedStream:
 
     def _with_state(self, fn: Callable[..., Any], flat: bool, state_schema: Any, output_schema: Any,
                     timeout: GroupStateTimeout | None, name: str | None, num_partitions: int | None,
-                    initial_state: DataFrame | None, at_end: str) -> Stream:
+                    initial_state: DataFrame | None, at_end: AtEnd | str) -> Stream:
         if not all(isinstance(k, str) for k in self.keys):
             raise ConfigurationError(
                 "a stateful operator groups by column names; add computed keys with with_column first"

@@ -13,6 +13,7 @@ conditional create the write is a plain one, and a WARNING says so once per loca
 
 from __future__ import annotations
 
+import enum
 import functools
 import hashlib
 import json
@@ -29,7 +30,7 @@ from fsspec.implementations.local import LocalFileSystem
 
 from batchline.errors import BatchlineError
 
-__all__ = ["CheckpointStorage", "CorruptFileError", "RawJson", "fsync_path", "seal", "unseal"]
+__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "fsync_path", "seal", "unseal"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,15 +92,26 @@ _warned_locations: set[str] = set()
 _warned_lock = threading.Lock()
 
 
-def _conditional_create(fs: Any) -> str | None:
-    """How a file system creates a file only if it does not exist yet; None when not known."""
+class ExclusiveCreate(enum.Enum):
+    """How a file system creates a file only if it does not exist yet."""
+
+    LOCAL = "local"
+    """``open(..., "xb")`` and fsync."""
+    S3 = "s3"
+    """put_object / complete_multipart_upload with IfNoneMatch="*"."""
+    MEMORY = "memory"
+    """One process's dictionary: ``pipe_file(..., mode="create")``."""
+
+
+def _conditional_create(fs: Any) -> ExclusiveCreate | None:
+    """How ``fs`` creates a file exclusively; None when not known."""
     if isinstance(fs, LocalFileSystem):
-        return "local"
+        return ExclusiveCreate.LOCAL
     cls = type(fs)
     if cls.__module__.split(".", 1)[0] == "s3fs" and cls.__name__ == "S3FileSystem":
-        return "s3"  # put_object / complete_multipart_upload with IfNoneMatch="*"
+        return ExclusiveCreate.S3
     if cls.__module__ == "fsspec.implementations.memory":
-        return "memory"  # one process's dictionary: open(..., "xb")
+        return ExclusiveCreate.MEMORY
     return None
 
 
@@ -188,16 +200,16 @@ class CheckpointStorage:
         content. On a local disk the file is fsynced before returning; on S3 it is one
         conditional PUT (``If-None-Match: *``), whole or not at all."""
         path = self.path(relative)
-        if self._create_kind == "local":
+        if self._create_kind is ExclusiveCreate.LOCAL:
             os.makedirs(os.path.dirname(path), exist_ok=True)
             with open(path, "xb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
             fsync_path(os.path.dirname(path))
-        elif self._create_kind == "s3":
+        elif self._create_kind is ExclusiveCreate.S3:
             self._put_if_absent(relative, data)
-        elif self._create_kind == "memory":
+        elif self._create_kind is ExclusiveCreate.MEMORY:
             self.fs.pipe_file(path, data, mode="create")
         else:
             self.fs.pipe_file(path, data)

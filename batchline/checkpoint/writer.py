@@ -13,11 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from batchline.checkpoint.migrations import upgrade
 from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
 from batchline.clock import Clock
 
-__all__ = ["CheckpointWriter", "load_latest_checkpoint", "MANIFEST", "CHECKPOINTS"]
+__all__ = ["CheckpointWriter", "load_latest_checkpoint", "read_checkpoint", "MANIFEST", "CHECKPOINTS"]
 
 logger = logging.getLogger(__name__)
 
@@ -163,6 +164,12 @@ def _entries_from_files(storage: CheckpointStorage) -> list[dict[str, Any]]:
     return [{"name": n, "time": int(n.split("-")[1]), "needs_from": 0} for n in names]
 
 
+def read_checkpoint(storage: CheckpointStorage, name: str) -> Checkpoint:
+    """The checkpoint file ``name``, read in whatever format version it was written."""
+    relative = f"{CHECKPOINTS}/{name}"
+    return Checkpoint.from_json(upgrade(unseal(storage.read(relative), name), storage.full_url(relative)))
+
+
 def load_latest_checkpoint(storage: CheckpointStorage) -> tuple[Checkpoint | None, list[dict[str, Any]]]:
     """The newest valid checkpoint and the manifest entries of the retained ones, newest first.
 
@@ -180,8 +187,7 @@ def load_latest_checkpoint(storage: CheckpointStorage) -> tuple[Checkpoint | Non
     for index, entry in enumerate(entries):
         name = entry["name"]
         try:
-            payload = unseal(storage.read(f"{CHECKPOINTS}/{name}"), name)
-            return Checkpoint.from_json(payload), entries[index:]
+            return read_checkpoint(storage, name), entries[index:]
         except (CorruptFileError, FileNotFoundError, TypeError, KeyError, json.JSONDecodeError) as error:
             following = entries[index + 1]["name"] if index + 1 < len(entries) else None
             logger.warning("Checkpoint %s is torn or corrupt (%s); falling back to %s",

@@ -9,9 +9,8 @@ from typing import Any
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.events import JobEventStore
 from batchline.checkpoint.lease import Lease
-from batchline.checkpoint.model import Checkpoint
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError
-from batchline.checkpoint.writer import CHECKPOINTS, load_latest_checkpoint
+from batchline.checkpoint.writer import load_latest_checkpoint, read_checkpoint
 from batchline.clock import SystemClock
 from batchline.errors import ConfigurationError
 
@@ -43,10 +42,10 @@ def _list(args: argparse.Namespace) -> int:
     for entry in entries:
         note = ""
         try:
-            checkpoint = Checkpoint.from_json(storage.read_sealed(f"{CHECKPOINTS}/{entry['name']}"))
+            checkpoint = read_checkpoint(storage, entry["name"])
             pending = str(len(checkpoint.pending_times))
-            finished = checkpoint.extra.get("finished", {}).get("inputs", {})
-            note = ("  final: the pipeline finished" if "final" in checkpoint.extra
+            finished = checkpoint.finished_inputs
+            note = ("  final: the pipeline finished" if checkpoint.final is not None
                     else f"  finished inputs: {', '.join(sorted(finished))}" if finished else "")
         except (CorruptFileError, FileNotFoundError):
             pending = "torn"

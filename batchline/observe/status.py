@@ -112,9 +112,8 @@ def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
     checkpoint, _ = load_latest_checkpoint(storage)
     records = read_progress(storage)
     last = next((r for r in reversed(records) if r.status == COMPLETED), None)
-    finished_inputs = {name: int(t) for name, t in
-                       (checkpoint.extra.get("finished", {}).get("inputs", {}) if checkpoint else {}).items()}
-    finished = bool(checkpoint is not None and checkpoint.extra.get("final"))
+    finished_inputs = checkpoint.finished_inputs if checkpoint is not None else {}
+    finished = checkpoint is not None and checkpoint.final is not None
     if lease is not None and lease.is_live(now):
         state = RUNNING
     elif finished:

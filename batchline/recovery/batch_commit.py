@@ -26,11 +26,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any
 
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.manager import CheckpointManager
-from batchline.checkpoint.model import Checkpoint
+from batchline.checkpoint.model import Checkpoint, FinalRecord, FinishedReport, OperatorProgress
 from batchline.clock import Clock
 from batchline.errors import ContextStateError
 from batchline.recovery.restart import plan_restart
@@ -134,10 +133,7 @@ class BatchCommit:
         # Step 6
         if self._checkpoints is None or self.pipeline.zero_time is None:
             raise ContextStateError("a checkpoint needs a started pipeline with a checkpoint location")
-        progress = self.pipeline.progress()
-        extra: dict[str, Any] = {"operators": progress} if progress else {}
-        if finished := self.pipeline.finished_report():
-            extra["finished"] = finished
+        finished = self.pipeline.finished_report()
         return Checkpoint(
             time=batch_time,
             zero_time=self.pipeline.zero_time,
@@ -147,7 +143,8 @@ class BatchCommit:
             inputs=self.pipeline.snapshot(),
             outputs=tuple(op.name for op in self.pipeline.graph.outputs),
             written_at_ms=self._clock.now_ms(),
-            extra=extra,
+            operators={name: OperatorProgress.from_json(p) for name, p in self.pipeline.progress().items()},
+            finished=FinishedReport.from_json(finished) if finished else None,
         )
 
     def final_checkpoint(self) -> Checkpoint:
@@ -155,8 +152,6 @@ class BatchCommit:
         batch, nothing pending, every output's last commit; a restart finds it and does nothing."""
         if self.last_committed is None:
             raise ContextStateError("a final checkpoint needs a committed batch")
-        checkpoint = self.checkpoint(self.last_committed, ())
         commits = {op.name: op.sink.last_commit() for op in self.pipeline.graph.outputs}
-        extra = {**checkpoint.extra, "final": {"finished_after": self.pipeline.finished_after(),
-                                               "output_commits": commits}}
-        return dataclasses.replace(checkpoint, extra=extra)
+        return dataclasses.replace(self.checkpoint(self.last_committed, ()),
+                                   final=FinalRecord(self.pipeline.finished_after(), commits))

@@ -52,7 +52,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
     interval = batch_interval_ms
     pipeline.start(checkpoint.zero_time)
     pipeline.restore(checkpoint.inputs)
-    pipeline.restore_finished(checkpoint.extra.get("finished", {}))
+    pipeline.restore_finished(checkpoint.finished.to_json() if checkpoint.finished is not None else {})
     restored: dict[int, dict[str, dict[str, Any]]] = {}
     # The checkpoint's pending batches and the batches a window may still need get their
     # logged allocations back, without advancing the sources: the checkpointed position
@@ -105,4 +105,4 @@ def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpo
         commit = checkpoints.events.completed(time)
         if commit is not None:
             return dict(commit.get("operators", {}))
-    return dict(checkpoint.extra.get("operators", {}))
+    return {name: progress.to_json() for name, progress in checkpoint.operators.items()}

@@ -24,7 +24,7 @@ from typing import Protocol, TypeVar
 from batchline.clock import Clock
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job, JobSet
-from batchline.scheduler.listener import BatchInfo, ListenerBus
+from batchline.scheduler.listener import BatchInfo, ListenerBus, ListenerEvent
 from batchline.scheduler.progress import (
     CANCELLED,
     COMPLETED,
@@ -117,10 +117,10 @@ class BatchLifecycle:
 
     # ---------------------------------------------------------------- events
     def generated(self, job_set: JobSet) -> None:
-        self._bus.post("on_batch_submitted", self._info(job_set, 0))
+        self._bus.post(ListenerEvent.BATCH_SUBMITTED, self._info(job_set, 0))
 
     def started(self, job_set: JobSet, attempts: int) -> None:
-        self._bus.post("on_batch_started", self._info(job_set, attempts))
+        self._bus.post(ListenerEvent.BATCH_STARTED, self._info(job_set, attempts))
 
     def job_finished(self, job_set: JobSet, job: Job, started_ms: int, ended_ms: int) -> None:
         with self._lock:
@@ -132,7 +132,7 @@ class BatchLifecycle:
             trace = job_set.trace
             trace.errors.append(f"attempt {attempt}: {failure}")
             trace.jobs.clear()  # the record times the attempt that counts, the last one
-        self._bus.post("on_batch_retrying", self._info(job_set, attempt, failure))
+        self._bus.post(ListenerEvent.BATCH_RETRYING, self._info(job_set, attempt, failure))
 
     def finished(self, job_set: JobSet, attempts: int, commit_ms: int = 0, cancelled: bool = False) -> None:
         """The batch committed, failed for good (``job_set.failure``), or was cancelled by a stop."""
@@ -140,15 +140,15 @@ class BatchLifecycle:
         progress = self._progress(job_set, info, commit_ms, cancelled)
         with self._lock:
             self._recent.append(progress)
-        self._bus.post("on_batch_completed", info)
-        self._bus.post("on_progress", progress)
+        self._bus.post(ListenerEvent.BATCH_COMPLETED, info)
+        self._bus.post(ListenerEvent.PROGRESS, progress)
 
     def checkpoint_written(self, time: int, duration_ms: int, size: int) -> None:
         with self._lock:
             self._checkpoints.append(CheckpointProgress(time, duration_ms, size))
 
     def error(self, error: BaseException) -> None:
-        self._bus.post("on_error", error)
+        self._bus.post(ListenerEvent.ERROR, error)
 
     # ---------------------------------------------------------------- building
     def _info(self, job_set: JobSet, attempts: int, failure: str | None = None) -> BatchInfo:

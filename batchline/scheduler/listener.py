@@ -9,6 +9,7 @@ events (counted, logged) once it is full, and is named in a WARN line while it i
 
 from __future__ import annotations
 
+import enum
 import logging
 import queue
 import threading
@@ -22,7 +23,8 @@ from batchline.scheduler.progress import BatchDelays, ExcludedExecutor, StateOpe
 if TYPE_CHECKING:
     from batchline.scheduler.progress import BatchProgress
 
-__all__ = ["BatchInfo", "ExcludedExecutor", "StreamingListener", "ListenerBus", "DEFAULT_LISTENER_QUEUE"]
+__all__ = ["BatchInfo", "ExcludedExecutor", "StreamingListener", "ListenerBus", "ListenerEvent",
+           "DEFAULT_LISTENER_QUEUE"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +104,17 @@ class StreamingListener:
         pass
 
 
+class ListenerEvent(enum.Enum):
+    """What the bus tells listeners; each value is the ``StreamingListener`` method it calls."""
+
+    BATCH_SUBMITTED = "on_batch_submitted"
+    BATCH_STARTED = "on_batch_started"
+    BATCH_RETRYING = "on_batch_retrying"
+    BATCH_COMPLETED = "on_batch_completed"
+    PROGRESS = "on_progress"
+    ERROR = "on_error"
+
+
 _STOP = object()
 
 
@@ -166,7 +179,8 @@ class _Dispatcher:
                 item.set()
                 continue
             assert isinstance(item, tuple)
-            method, payload = item
+            event, payload = item
+            method = event.value
             self.busy_in, self.busy_since = method, time.monotonic()
             try:
                 getattr(self.listener, method)(payload)
@@ -197,12 +211,12 @@ class ListenerBus:
             self._dispatchers.remove(found)
         found.stop()
 
-    def post(self, method: str, payload: object) -> None:
+    def post(self, event: ListenerEvent, payload: object) -> None:
         with self._lock:
             dispatchers = list(self._dispatchers)
         for dispatcher in dispatchers:
             dispatcher.warn_if_stuck()
-            dispatcher.offer((method, payload))
+            dispatcher.offer((event, payload))
 
     def flush(self, timeout_s: float = 5.0) -> bool:
         """Wait (up to ``timeout_s`` in all) until every listener handled the events posted so far.

@@ -17,7 +17,7 @@ Each batch goes in three steps:
    it once the batch's jobs all succeeded, in batch order, and in a pipeline without
    stateful operators while the next batch's tasks run.
 
-``mode="append"`` inserts the rows; ``mode="upsert"`` inserts or updates by
+``mode=WriteMode.APPEND`` (or ``"append"``) inserts the rows; ``WriteMode.UPSERT`` inserts or updates by
 ``key`` (``INSERT ... ON CONFLICT``; of several rows with one key in a batch, the last wins).
 The stream's columns are checked against the table's before the first batch writes anything.
 The DSN's password never appears in logs, errors or checkpoints.
@@ -26,6 +26,7 @@ The DSN's password never appears in logs, errors or checkpoints.
 from __future__ import annotations
 
 import contextlib
+import enum
 import hashlib
 import logging
 from collections.abc import Iterator, Sequence
@@ -37,19 +38,29 @@ from pyspark.sql import DataFrame
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.lease import FencedError
+from batchline.choices import choose
 from batchline.errors import ConfigurationError, SinkError
 from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
 from batchline.sinks.pg_copy import CopyEncoding, copy_encoding
 from batchline.sinks.sink import BatchContext, PendingCommit, SinkContext
 
-__all__ = ["PostgresSink", "PROGRESS_TABLE", "describe_dsn"]
+__all__ = ["PostgresSink", "WriteMode", "PROGRESS_TABLE", "describe_dsn"]
 
 logger = logging.getLogger(__name__)
 
 PROGRESS_TABLE = "batchline_progress"
 _STAGE_PREFIX = "_batchline_stage_"
 _PART, _ROW = "_batchline_part", "_batchline_row"
-_MODES = ("append", "upsert")
+
+
+class WriteMode(enum.Enum):
+    """How ``write_postgres`` puts a batch's rows into the table."""
+
+    APPEND = "append"
+    """Insert every row."""
+    UPSERT = "upsert"
+    """Insert, or update the row of the same ``key`` (``INSERT ... ON CONFLICT``)."""
+
 
 # Spark's type -> PostgreSQL's types (information_schema's data_type) a value of it goes into.
 _TEXT = ("text", "character varying", "character", "json", "jsonb", "uuid")
@@ -94,15 +105,14 @@ class _Stage:
 class PostgresSink(ExactlyOnceSink[int]):
     """Every batch into ``table`` (``name`` or ``schema.name``) of the database at ``dsn``."""
 
-    def __init__(self, dsn: str, table: str, mode: str = "append", key: Sequence[str] = (),
+    def __init__(self, dsn: str, table: str, mode: WriteMode | str = WriteMode.APPEND, key: Sequence[str] = (),
                  progress_table: str = PROGRESS_TABLE) -> None:
-        if mode not in _MODES:
-            raise ConfigurationError(f"write_postgres mode is 'append' or 'upsert'; got {mode!r}")
+        mode = choose(WriteMode, mode, "write_postgres mode")
         if isinstance(key, str):
             key = [key]
-        if mode == "upsert" and not key:
+        if mode is WriteMode.UPSERT and not key:
             raise ConfigurationError("write_postgres(mode='upsert') needs key=[...]: the columns rows are matched by")
-        if mode == "append" and key:
+        if mode is WriteMode.APPEND and key:
             raise ConfigurationError("key=... is for mode='upsert'; leave it out to append")
         try:
             import psycopg  # noqa: F401
@@ -122,7 +132,7 @@ class PostgresSink(ExactlyOnceSink[int]):
         self._checked: StructType | None = None
 
     def __repr__(self) -> str:
-        return f"PostgresSink({self.where!r}, {self.table!r}, mode={self.mode!r})"
+        return f"PostgresSink({self.where!r}, {self.table!r}, mode={self.mode.value!r})"
 
     # ---------------------------------------------------------------- the Sink interface
     def open(self, context: SinkContext) -> None:
@@ -133,7 +143,7 @@ class PostgresSink(ExactlyOnceSink[int]):
         self._context = context
         with self._connect() as conn:
             self._columns = self._table_columns(conn)
-            if self.mode == "upsert":
+            if self.mode is WriteMode.UPSERT:
                 self._check_key(conn)
             with conn.transaction():
                 conn.execute("SELECT pg_advisory_xact_lock(hashtextextended('batchline_progress_ddl', 0))")
@@ -246,7 +256,7 @@ class PostgresSink(ExactlyOnceSink[int]):
 
         columns = sql.SQL(", ").join(sql.Identifier(name) for name in schema.fieldNames())
         target, source = sql.Identifier(*self.table.split(".")), sql.Identifier(stage)
-        if self.mode == "append":  # a table has no order: no sort of the batch's rows
+        if self.mode is WriteMode.APPEND:  # a table has no order: no sort of the batch's rows
             return sql.SQL("INSERT INTO {} ({}) SELECT {} FROM {}").format(target, columns, columns, source)
         keys = sql.SQL(", ").join(sql.Identifier(name) for name in self.key)
         others = [name for name in schema.fieldNames() if name not in self.key]

@@ -10,12 +10,13 @@ from batchline.state.admin import (
     write_state,
 )
 from batchline.state.contract import StateFunctionError
-from batchline.state.group_state import GroupState, GroupStateTimeout, NoStateError, TimeoutNotEnabledError
+from batchline.state.group_state import AtEnd, GroupState, GroupStateTimeout, NoStateError, TimeoutNotEnabledError
 from batchline.state.schema import StateSchemaError
 from batchline.state.store import FileStateStore, MemoryStateStore, StateStore, StateStoreError, StateVersionError
 from batchline.state.tester import StateFunctionTester
 
 __all__ = [
+    "AtEnd",
     "FileStateStore",
     "GroupState",
     "GroupStateTimeout",

@@ -20,7 +20,7 @@ from batchline.checkpoint.lease import CheckpointLockedError, Lease
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.clock import SystemClock
-from batchline.errors import ConfigurationError
+from batchline.errors import ConfigurationError, DuplicateStateKeyError
 from batchline.state import operator as operator_settings
 from batchline.state.frames import TIMEOUT_COLUMN, read_state_frame, write_state_frame
 from batchline.state.group_state import GroupStateTimeout
@@ -184,7 +184,6 @@ class WriteStateResult:
 
 
 _TIMEOUT_TYPES = frozenset({"bigint", "int", "smallint", "tinyint", "void"})
-_DUPLICATE_KEY = re.compile(r"ConfigurationError: the state DataFrame has key (.+?) more than once")
 _GENERATION_DIR = re.compile(r"g(\d+)")
 
 
@@ -299,12 +298,12 @@ def _write_state(files: FileStateStore, operator: str, df: DataFrame, key_column
         keys = write_state_frame(df, files, target, state, version, initial=False)
     except Exception as error:
         files.delete_generation(target.generation)
-        duplicate = _DUPLICATE_KEY.search(str(error))
+        duplicate = DuplicateStateKeyError.carried_in(error)
         if duplicate is None:
             raise
         key_names = target.key_schema.fieldNames()
         raise ConfigurationError(
-            f"the DataFrame has key {duplicate.group(1)} more than once, and the state holds one row per key; "
+            f"the DataFrame has key {duplicate.key_repr} more than once, and the state holds one row per key; "
             f"keep one row for each key (e.g. df.dropDuplicates({key_names}), or aggregate by {key_names}). "
             f"Nothing was written: operator {operator!r} keeps its state"
         ) from None

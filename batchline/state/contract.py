@@ -30,7 +30,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.events import JobEventStore
-from batchline.errors import BatchlineError, ConfigurationError
+from batchline.errors import BatchlineError, ConfigurationError, MissingBatchParamsError
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.schema import RowSchema
 from batchline.state.store import StateStore
@@ -187,19 +187,8 @@ def batch_params_from_property(value: str | None, operator: str) -> BatchParams:
     """The task's side of ``with_batch_params``: this operator's parameters, and only them."""
     published = json.loads(value) if value else {}
     if operator not in published:
-        raise missing_params_error(operator)
+        raise MissingBatchParamsError(operator)
     return BatchParams.from_json(published[operator])
-
-
-def missing_params_error(operator: str) -> ConfigurationError:
-    """What a task raises when its job carries no parameters for ``operator``."""
-    return ConfigurationError(
-        f"the job has no batch parameters for stateful operator {operator!r}; its DataFrame was evaluated "
-        "outside the batch's jobs, or on a thread other than the one that called the output. Read a stateful "
-        "operator's output only from an output operation (foreach_batch and the like), on the thread that "
-        "called it; to use a thread of your own there, start it as pyspark.InheritableThread, which carries "
-        "the batch's parameters"
-    )
 
 
 # -------------------------------------------------------------------- statistics

@@ -15,7 +15,7 @@ from pyspark import TaskContext
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
-from batchline.errors import ConfigurationError
+from batchline.errors import ConfigurationError, DuplicateStateKeyError
 from batchline.state.execution import load_partition
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import SNAPSHOT, FileHeader, StateMetadata, StateStore, entries_table
@@ -58,7 +58,7 @@ def write_state_frame(df: DataFrame, store: StateStore, metadata: StateMetadata,
             timeouts = cols[-1] if with_timeout else [None] * len(key_values)
             for key, value, timeout in zip(key_values, values, timeouts, strict=True):
                 if key in entries:
-                    raise ConfigurationError(f"the state DataFrame has key {key!r} more than once")
+                    raise DuplicateStateKeyError(repr(key))
                 entries[key] = (value, timeout)
         rows = ((k, v, t) for k, (v, t) in entries.items())
         store.write_version(generation, FileHeader(version, partition, SNAPSHOT, initial=initial),

@@ -19,7 +19,8 @@ from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.durations import parse_duration_ms
 from batchline.errors import BatchlineError, ConfigurationError
 
-__all__ = ["GroupState", "GroupStateTimeout", "NoStateError", "TimeoutNotEnabledError", "NO_TIMESTAMP", "last_due"]
+__all__ = ["AtEnd", "GroupState", "GroupStateTimeout", "NoStateError", "TimeoutNotEnabledError", "NO_TIMESTAMP",
+           "last_due"]
 
 S = TypeVar("S")
 NO_TIMESTAMP = -1
@@ -35,6 +36,15 @@ class GroupStateTimeout(enum.Enum):
     NO_TIMEOUT = "no_timeout"
     PROCESSING_TIME = "processing_time"
     EVENT_TIME = "event_time"
+
+
+class AtEnd(enum.Enum):
+    """What processing-time timeouts do once every input has ended (event-time ones all fire)."""
+
+    KEEP = "keep"
+    """Keep the keys and their timeouts for a later run."""
+    TIME_OUT = "time_out"
+    """Time every key out before the pipeline finishes."""
 
 
 def last_due(timeout: GroupStateTimeout, batch_time: int, watermark_ms: int | None, end_of_input: bool) -> int | None:

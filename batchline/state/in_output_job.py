@@ -15,9 +15,10 @@ from typing import Protocol
 
 from pyspark.sql import DataFrame
 
+from batchline.errors import MissingBatchParamsError
 from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.scheduler.retry import error_chain
-from batchline.state.contract import BatchParams, Stats, error_from_task, missing_params_error
+from batchline.state.contract import BatchParams, Stats, error_from_task
 from batchline.state.operator_batch import OperatorBatch, Started
 
 __all__ = ["InOutputJob", "FusedOperator"]
@@ -76,12 +77,12 @@ class InOutputJob:
         evaluated the DataFrame on a thread without the batch's parameters made a mistake no
         retry mends: that is raised as a ``ConfigurationError``."""
         operator = self._operator
-        missing = missing_params_error(operator.name)
         for cause in error_chain(error):
             found = error_from_task(cause)
             if found is not None:
                 return FailedIn(self._naming_job(batch_time), found)
-            if str(missing) in str(cause):
+            missing = MissingBatchParamsError.carried_in(cause)
+            if missing is not None and missing.operator == operator.name:
                 return missing
         batch = operator.batch(batch_time)
         started = batch.started if batch is not None else None

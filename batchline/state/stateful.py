@@ -37,13 +37,14 @@ from pyspark.sql.types import StructType
 
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
+from batchline.choices import choose
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job, JobKind
 from batchline.spark import forget_accumulator
 from batchline.state import operator
 from batchline.state.contract import BatchParams, OperatorSpec, PartitionFacts, Stats
 from batchline.state.frames import write_state_frame
-from batchline.state.group_state import GroupStateTimeout, last_due
+from batchline.state.group_state import AtEnd, GroupStateTimeout, last_due
 from batchline.state.in_output_job import InOutputJob
 from batchline.state.operator import (
     operator_progress,
@@ -62,9 +63,6 @@ from batchline.streams.base import Watermark
 __all__ = ["StatefulNode", "StatefulRuntime"]
 
 logger = logging.getLogger(__name__)
-
-AT_END_CHOICES = ("keep", "time_out")
-
 
 class StatefulNode(StreamNode):
     """``flat_map_groups_with_state`` / ``map_groups_with_state`` as described by the user."""
@@ -86,11 +84,10 @@ class StatefulNode(StreamNode):
         name: str,
         num_partitions: int | None,
         initial_state: DataFrame | None,
-        at_end: str = "keep",
+        at_end: AtEnd | str = AtEnd.KEEP,
     ) -> None:
         super().__init__([parent])
-        if at_end not in AT_END_CHOICES:
-            raise ConfigurationError(f"at_end must be one of {AT_END_CHOICES}; got {at_end!r}")
+        self.at_end = choose(AtEnd, at_end, "at_end")
         if not isinstance(timeout, GroupStateTimeout):
             raise ConfigurationError(f"timeout must be a GroupStateTimeout; got {timeout!r}")
         if num_partitions is not None and num_partitions < 1:
@@ -104,7 +101,6 @@ class StatefulNode(StreamNode):
         self.name = name
         self.requested_partitions = num_partitions
         self.initial_state = initial_state
-        self.at_end = at_end
         self.event_time: Watermark | None = parent.watermark()
         if timeout is GroupStateTimeout.EVENT_TIME and self.event_time is None:
             raise ConfigurationError(
@@ -118,9 +114,9 @@ class StatefulNode(StreamNode):
     def times_out_at_end(self) -> bool:
         """Whether every key with a timeout times out once the inputs have ended: event time
         reaches its end (the watermark passes every deadline); processing-time deadlines fire
-        only with ``at_end="time_out"`` (by default the state is kept for a later run)."""
+        only with ``AtEnd.TIME_OUT`` (by default the state is kept for a later run)."""
         return self.timeout is GroupStateTimeout.EVENT_TIME or (
-            self.timeout is GroupStateTimeout.PROCESSING_TIME and self.at_end == "time_out")
+            self.timeout is GroupStateTimeout.PROCESSING_TIME and self.at_end is AtEnd.TIME_OUT)
 
     def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
         return StatefulRuntime(self, env, parents)

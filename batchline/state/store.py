@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import enum
 import io
 import json
 import logging
@@ -85,10 +86,20 @@ logger = logging.getLogger(__name__)
 
 STATE_DIR = "state"
 METADATA = "_metadata.json"
-DELTA, SNAPSHOT, OUTPUT = "delta", "snapshot", "output"
-KINDS = (DELTA, SNAPSHOT, OUTPUT)
-"""A version's files: the keys the batch changed, every key, and the rows the batch output
-(kept so that a restart reads a finished partition's output back instead of recomputing it)."""
+
+
+class FileKind(enum.StrEnum):
+    """A version's files: the keys the batch changed, every key, and the rows the batch output
+    (kept so that a restart reads a finished partition's output back instead of recomputing it).
+    A ``StrEnum``: the value is the file name's suffix and the header's ``kind``."""
+
+    DELTA = "delta"
+    SNAPSHOT = "snapshot"
+    OUTPUT = "output"
+
+
+DELTA, SNAPSHOT, OUTPUT = FileKind.DELTA, FileKind.SNAPSHOT, FileKind.OUTPUT
+KINDS = tuple(FileKind)
 HEADER_KEY = b"batchline"
 HEADER_FORMAT = 1
 
@@ -133,8 +144,7 @@ class FileHeader:
 
     version: int
     partition: int
-    kind: str
-    """``delta`` or ``snapshot``."""
+    kind: FileKind
     initial: bool = False
     """A snapshot written from an initial state: the function is called once for each of its
     keys in the first batch (SPEC D8)."""
@@ -145,8 +155,9 @@ class FileHeader:
             raise StateStoreError(f"state versions are batch times and partitions are numbered from 0; got version "
                                   f"{self.version}, partition {self.partition}. Pass the batch time in epoch ms")
         if self.kind not in KINDS:
-            raise StateStoreError(f"a state file is one of {KINDS}, not {self.kind!r}; "
-                                  "pass one of the store's DELTA, SNAPSHOT or OUTPUT constants")
+            raise StateStoreError(f"a state file is one of {tuple(k.value for k in FileKind)}, not {self.kind!r}; "
+                                  "pass a FileKind (the store's DELTA, SNAPSHOT or OUTPUT)")
+        object.__setattr__(self, "kind", FileKind(self.kind))  # a plain "delta" is taken as the member
 
     def to_metadata(self) -> dict[bytes, bytes]:
         return {HEADER_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True).encode()}
@@ -162,7 +173,7 @@ class FileHeader:
         try:
             payload = json.loads(raw)
             return cls(version=int(payload["version"]), partition=int(payload["partition"]),
-                       kind=str(payload.get("kind", kind)), initial=bool(payload.get("initial", False)),
+                       kind=FileKind(payload.get("kind", kind)), initial=bool(payload.get("initial", False)),
                        format=int(payload.get("format", HEADER_FORMAT)))
         except (ValueError, KeyError, TypeError) as error:
             raise StateStoreError(f"{where} has an unreadable header ({error}); restore the file from a copy "

@@ -124,12 +124,13 @@ def test_bounded_sessionization_finishes_with_every_session_closed(spark, tmp_pa
     # G3: the final checkpoint is the newest, records everything finished and the sink's commit.
     final, _ = load_latest_checkpoint(CheckpointStorage(str(tmp_path / "checkpoint")))
     assert final is not None and final.pending_times == ()
-    commit = final.extra["final"]["output_commits"]["sessions-out"]
+    assert final.final is not None
+    commit = final.final.output_commits["sessions-out"]
     assert commit["batch_time"] is not None
     assert commit["record"] == str(tmp_path / ".out.batchline" / "commits" / f"{commit['batch_time']:015d}.json")
     assert os.path.exists(commit["record"])
-    assert set(final.extra["finished"]["inputs"]) == {f"files:{tmp_path / 'in'}"}
-    assert final.extra["operators"]["sessions"]["finished_partitions"] == [0, 1, 2]
+    assert set(final.finished_inputs) == {f"files:{tmp_path / 'in'}"}
+    assert final.operators["sessions"].finished_partitions == (0, 1, 2)
     capsys.readouterr()
     assert main(["checkpoints", "list", str(tmp_path / "checkpoint")]) == 0
     assert "final: the pipeline finished" in capsys.readouterr().out.splitlines()[2]
@@ -241,12 +242,12 @@ def test_unbounded_input_keeps_running_after_a_bounded_one_ended(spark, tmp_path
             storage = CheckpointStorage(str(tmp_path / "checkpoint"))
             for _ in range(100):
                 checkpoint, _ = load_latest_checkpoint(storage)
-                if checkpoint is not None and "history" in checkpoint.extra.get("finished", {}).get("inputs", {}):
+                if checkpoint is not None and "history" in checkpoint.finished_inputs:
                     break
                 time.sleep(0.1)
             else:
                 pytest.fail("no checkpoint recorded the history input as finished")
-            assert "live" not in checkpoint.extra["finished"]["inputs"]
+            assert "live" not in checkpoint.finished_inputs
             (live / "l0.json").write_text(json.dumps({"key": "k0", "value": 1}) + "\n")
             sink.wait_for_rows(lambda rows: {"key": "k0", "count": 7} in rows)
             assert ssc.state is ContextState.ACTIVE  # a mixed pipeline never finishes by itself

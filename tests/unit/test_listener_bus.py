@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
-from batchline.scheduler.listener import ListenerBus, StreamingListener
+from batchline.scheduler.listener import ListenerBus, ListenerEvent, StreamingListener
 from tests.helpers import LogWatcher, poll_until
 
 
@@ -45,7 +45,7 @@ def test_events_reach_each_listener_in_order_off_the_posting_thread():
     bus.add(recorder)
     bus.add(ThreadNoter())
     for i in range(500):
-        bus.post("on_batch_completed", i)
+        bus.post(ListenerEvent.BATCH_COMPLETED, i)
     assert bus.flush(10)
     assert recorder.seen == list(range(500))
     assert threading.current_thread().name not in threads and len(set(threads)) == 1
@@ -58,7 +58,7 @@ def test_a_blocking_listener_delays_neither_the_poster_nor_other_listeners():
     bus.add(recorder)
     started = time.monotonic()
     for i in range(100):
-        bus.post("on_batch_completed", i)
+        bus.post(ListenerEvent.BATCH_COMPLETED, i)
     posting_s = time.monotonic() - started
     assert blocker.entered.wait(5)
     poll_until(lambda: len(recorder.seen) >= 100, 5, 0.01)
@@ -78,7 +78,7 @@ def test_a_raising_listener_is_logged_and_keeps_getting_events():
     bus.add(recorder)
     with LogWatcher("batchline.scheduler.listener") as log:
         for i in range(3):
-            bus.post("on_batch_completed", i)
+            bus.post(ListenerEvent.BATCH_COMPLETED, i)
         assert bus.flush(5)
     failures = [r for r in log.records if "failed in on_batch_completed" in r.getMessage()]
     assert len(failures) == 3 and all(r.exc_info for r in failures)
@@ -89,11 +89,11 @@ def test_a_full_queue_drops_events_and_says_so():
     bus = ListenerBus(capacity=5)
     blocker = Blocker()
     bus.add(blocker)
-    bus.post("on_batch_completed", 0)
+    bus.post(ListenerEvent.BATCH_COMPLETED, 0)
     assert blocker.entered.wait(5)
     with LogWatcher("batchline.scheduler.listener") as log:
         for i in range(1, 11):
-            bus.post("on_batch_completed", i)
+            bus.post(ListenerEvent.BATCH_COMPLETED, i)
     assert any("dropped 1 events" in m for m in log.messages(level=30))
     blocker.release.set()
     assert bus.flush(5)
@@ -104,9 +104,9 @@ def test_a_removed_listener_gets_nothing_more():
     recorder, staying = Recorder(), Recorder()
     bus.add(recorder)
     bus.add(staying)
-    bus.post("on_batch_completed", 1)
+    bus.post(ListenerEvent.BATCH_COMPLETED, 1)
     assert bus.flush(5)
     bus.remove(recorder)
-    bus.post("on_batch_completed", 2)
+    bus.post(ListenerEvent.BATCH_COMPLETED, 2)
     assert bus.flush(5)  # waits for every listener still added: the removed one too, were it still there
     assert (recorder.seen, staying.seen) == ([1], [1, 2])
