@@ -16,7 +16,7 @@ import io
 import logging
 import math
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import pyarrow as pa
@@ -27,7 +27,8 @@ from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.errors import ConfigurationError, SourceError
-from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
+from batchline.sources.index_range import IndexRangeSource
+from batchline.sources.source import BatchTimes, Position, SourceBatch, SourceRun, Split
 
 __all__ = ["DataFrameSource", "INPUTS_DIR"]
 
@@ -36,7 +37,7 @@ logger = logging.getLogger(__name__)
 INPUTS_DIR = "inputs"
 
 
-class DataFrameSource(Source):
+class DataFrameSource(IndexRangeSource):
     """The rows of ``df``, in batches of at most ``max_records_per_batch`` rows, then the end.
 
     Its position is the index of the next file to read (``{"next": n}``), its end the number
@@ -133,23 +134,14 @@ class DataFrameSource(Source):
             end += 1
         return self._range(first, end)
 
-    def _range(self, start: int, end: int) -> SourceBatch:
+    def _range(self, start: int, end: int, at: BatchTimes | None = None) -> SourceBatch:
         return SourceBatch({"next": start}, {"next": end}, ({"start": start, "end": end},) if end > start else (),
                            info={"start": start, "end": end},
                            records=sum(f["rows"] for f in self._files[start:end]))
 
-    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
-        return {"next": int(position["next"]) if position else 0}
-
-    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
+    def _end_after_restart(self) -> Position | None:
         # The end is the manifest's length; before the rows are written, open() asks for it again.
-        return {"next": int(record["next"])}, self.end_of_input() if self._files else None
-
-    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
-        return {"start": int(batch.start["next"]), "end": int(batch.end["next"])}
-
-    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
-        return self._range(int(record["start"]), int(record["end"]))
+        return self.end_of_input() if self._files else None
 
     # ---------------------------------------------------------------- reading
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:

@@ -6,7 +6,7 @@ index range; the rows are made by Spark from ``range`` and hash expressions, nev
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -14,7 +14,8 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import BooleanType, IntegerType, StringType, StructField, StructType, TimestampType
 
 from batchline.errors import ConfigurationError, SourceError
-from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, Split
+from batchline.sources.index_range import IndexRangeSource
+from batchline.sources.source import BatchTimes, Position, SourceBatch, Split
 
 __all__ = ["GeneratorSource", "USER_EVENT_SCHEMA"]
 
@@ -28,7 +29,7 @@ USER_EVENT_SCHEMA = StructType(
 )
 
 
-class GeneratorSource(Source):
+class GeneratorSource(IndexRangeSource):
     """UserEvent rows ``{id, data, is_last, ts}``: ``rate`` events per second of stream time.
 
     ``max_records_per_batch`` caps a batch (SPEC B4): after down time the backlog is worked
@@ -37,6 +38,8 @@ class GeneratorSource(Source):
     Its position is the next event's index (``{"next_index": n}``); a batch is the index range
     due by its time, built by Spark (``frame``), so its count is known as it is planned.
     """
+
+    position_key = "next_index"
 
     def __init__(
         self,
@@ -97,22 +100,11 @@ class GeneratorSource(Source):
             end = min(end, self.total)
         return self._range(first, end, at)
 
-    def _range(self, start: int, end: int, at: BatchTimes) -> SourceBatch:
+    def _range(self, start: int, end: int, at: BatchTimes | None = None) -> SourceBatch:
+        assert at is not None, "the generator's batches depend on the batch time"
         splits = ({"start": start, "end": end, "zero_time": at.zero_time_ms},) if end > start else ()
         return SourceBatch({"next_index": start}, {"next_index": end}, splits, info={"start": start, "end": end},
                            records=end - start)
-
-    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
-        return {"next_index": int(position["next_index"]) if position else 0}
-
-    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
-        return {"next_index": int(record["next_index"])}, self.end_of_input() if self.bounded else None
-
-    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
-        return {"start": int(batch.start["next_index"]), "end": int(batch.end["next_index"])}
-
-    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
-        return self._range(int(record["start"]), int(record["end"]), at)
 
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
         [split] = batch.splits

@@ -10,14 +10,15 @@ ends at its end or at ``END``: the pipeline can finish.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.errors import BatchlineError
-from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
+from batchline.sources.index_range import IndexRangeSource
+from batchline.sources.source import BatchTimes, Position, SourceBatch, SourceRun, Split
 
 __all__ = ["ListSource", "END", "Abort", "AbortedForTest"]
 
@@ -47,7 +48,7 @@ class AbortedForTest(BatchlineError):
     """Raised where a list source meets an ``Abort()`` marker; run the pipeline again to go on."""
 
 
-class ListSource(Source):
+class ListSource(IndexRangeSource):
     """One item of ``items`` per batch: a list of rows (dicts or tuples of ``schema``) or a marker.
 
     Its position is the next item's index (``{"next": n}``); a batch is a range of items,
@@ -89,25 +90,13 @@ class ListSource(Source):
             end += 1
         return self._range(first, end)
 
-    def _range(self, start: int, end: int) -> SourceBatch:
+    def _range(self, start: int, end: int, at: BatchTimes | None = None) -> SourceBatch:
         rows = self._rows(start, end)
         return SourceBatch({"next": start}, {"next": end}, ({"start": start, "end": end},) if rows else (),
                            records=len(rows))
 
     def _rows(self, start: int, end: int) -> list[Any]:
         return [row for item in self.items[start:end] if isinstance(item, list) for row in item]
-
-    def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
-        return {"next": int(position["next"]) if position else 0}
-
-    def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
-        return {"next": int(record["next"])}, self.end_of_input() if self.bounded else None
-
-    def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
-        return {"start": int(batch.start["next"]), "end": int(batch.end["next"])}
-
-    def logged_batch(self, record: Mapping[str, Any], position: Position | None, at: BatchTimes) -> SourceBatch:
-        return self._range(int(record["start"]), int(record["end"]))
 
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
         [split] = batch.splits
