@@ -84,7 +84,7 @@ def jsonl_sink():
     """The example's module, pickled into the tasks by value (the workers cannot import it)."""
     from pyspark import cloudpickle
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
     import jsonl_sink
 
     cloudpickle.register_pickle_by_value(jsonl_sink)
