@@ -166,14 +166,14 @@ def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_noth
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     rng = random.Random(31)
     kills_after_commits = 0
-    for _ in range(6):
+    for kill in range(6):
         driver = Driver(inputs, out, checkpoint, "--jsonl-sink")
         assert driver.started.wait(60), "the driver did not start"
-        if rng.random() < 0.25:
-            time.sleep(rng.uniform(0.0, 3.0))  # starting Spark, recovering
-        else:
+        if kill % 2:
+            time.sleep(rng.uniform(0.0, 3.0))  # anywhere: starting Spark, recovering, running batches
+        else:  # within the batches after one committed: staging, commit, checkpoint
             poll_until(lambda d=driver: d.completed, 60, 0.05, stop=lambda d=driver: d.process.poll() is not None)
-            time.sleep(rng.uniform(0.0, 1.5))  # within the next batches: staging, commit, checkpoint
+            time.sleep(rng.uniform(0.0, 1.5))
         kills_after_commits += bool(driver.completed)
         driver.kill()
         assert set(jsonl_ids(out).values()) <= {1}, "a row was committed twice"
