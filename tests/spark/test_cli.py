@@ -20,7 +20,9 @@ SUMMARY = re.compile(
 @pytest.mark.spark  # the demo starts Spark in its own process
 def test_demo_prints_batches_and_stops_gracefully_on_ctrl_c():
     process = subprocess.Popen(
-        [sys.executable, "-m", "batchline.cli.main", "demo", "--rate", "500", "--batch-interval", "1s",
+        # 2 s batches (the demo's default): a cold first batch takes about 9 s on this machine, and
+        # with 1 s batches the graceful stop's ten intervals could not drain the backlog it leaves.
+        [sys.executable, "-m", "batchline.cli.main", "demo", "--rate", "250", "--batch-interval", "2s",
          "--master", "local[2]"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"},
     )
@@ -59,7 +61,7 @@ def test_demo_prints_batches_and_stops_gracefully_on_ctrl_c():
     assert lines[-1] == "Stopped gracefully."
     assert "Batch: " in output and "|user|started" in output and "|closed_by" in output
     assert all(re.search(r"sessions: \d+ keys in state, \d+ out", s) for s in summaries), summaries
-    # The generator emits 500 events/s: every full batch after the first carries 500 records.
+    # The generator emits 250 events/s: every full batch after the first carries 500 records.
     counts = [int(SUMMARY.match(s).group(1)) for s in summaries]
     assert 500 in counts[1:], counts
 
