@@ -231,9 +231,12 @@ def test_an_immediate_stop_then_a_restart_commits_nothing_twice(spark, tmp_path)
     cancelled = [r["batch_time"] for r in status["failed_batches"] if r["status"] == "cancelled"]
     assert cancelled and set(cancelled) <= set(cut_short), (cancelled, cut_short)
     assert "  last stop: immediate, at " in cli("status", location).stdout
-    before = read_numbered(out)
-    assert {int(t) for t in before.column("batch_time").to_pylist()} == {
-        t for t in first_completed if has_rows(t, first_recorder)}
+    before = {int(t) for t in read_numbered(out).column("batch_time").to_pylist()}
+    # write_files publishes a batch inside the batch's own job, so a stop that lands after that job
+    # and before the batch's commit leaves its files visible and the batch uncommitted; the rerun
+    # finds the output's commit record and writes nothing again (no event twice, checked below).
+    assert {t for t in first_completed if has_rows(t, first_recorder)} <= before
+    assert before <= set(first_completed) | set(cut_short), (before, first_completed, cut_short)
 
     slow.unlink()  # the same pipeline, faster: the batches due after the down time are soon done
     second_recorder = BatchRecorder()
