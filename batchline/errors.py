@@ -84,23 +84,25 @@ class CarriedError(BatchlineError):
     def __init__(self, message: str, carry: bool) -> None:
         self.carry = carry
         if carry:
-            payload = {"type": type(self).__name__, "attributes": self._attribute_values()}
+            payload = {"type": type(self).__name__, "attributes": self.attribute_values()}
             body = json.dumps(payload, ensure_ascii=True, sort_keys=True)
             body = body.replace("<", "\\u003c").replace(">", "\\u003e")  # the markers never occur inside
             message = f"{message} {_CARRIED_START}{body}{_CARRIED_END}"
         super().__init__(message)
 
-    def _attribute_values(self) -> dict[str, Any]:
+    def attribute_values(self) -> dict[str, Any]:
+        """What the error carries across to the driver: JSON values by attribute name."""
         return {name: getattr(self, name) for name in self.attributes}
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild, (type(self), self._attribute_values(), self.carry))
+        return (_rebuild, (type(self), self.attribute_values(), self.carry))
 
     @classmethod
     def carried_in(cls, error: BaseException) -> Self | None:
-        """This type's error as ``error`` is it or carries it in its text; else None."""
+        """This type's error as ``error`` is it or carries it in its text (without the
+        attributes in its message); else None."""
         if isinstance(error, cls):
-            return error
+            return error if not error.carry else cls(**error.attribute_values(), carry=False)
         for found in _CARRIED.finditer(str(error)):
             try:
                 payload = json.loads(found.group(1))

@@ -11,10 +11,9 @@
 - ``MARKER_COLUMN``: which state partition a task runs comes with its rows, not from Spark's
   task number.
 - ``Stats``: what a task counted, summed across tasks with ``Stats.merge``.
-- Errors: a task that fails because of the state function raises a ``TaskFailure`` whose text
-  carries one ``TaskErrorPayload`` as JSON between two markers; Spark hands the driver that
-  text inside its own error, and ``error_from_task`` turns it back into a
-  ``StateFunctionError`` with the payload's fields as attributes.
+- Errors: a task that fails because of the state function raises a ``StateFunctionError``
+  that carries its attributes in its text (a ``CarriedError``); Spark hands the driver that
+  text inside its own error, and ``StateFunctionError.carried_in`` builds the error again.
 """
 
 from __future__ import annotations
@@ -30,7 +29,7 @@ from typing import Any
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.events import JobEventStore
-from batchline.errors import BatchlineError, ConfigurationError, MissingBatchParamsError
+from batchline.errors import CarriedError, ConfigurationError, MissingBatchParamsError
 from batchline.state.group_state import GroupStateTimeout
 from batchline.state.schema import RowSchema
 from batchline.state.store import StateStore
@@ -44,10 +43,7 @@ __all__ = [
     "PartitionFacts",
     "StateFunctionError",
     "Stats",
-    "TaskErrorPayload",
-    "TaskFailure",
     "batch_params_from_property",
-    "error_from_task",
     "with_batch_params",
 ]
 
@@ -59,7 +55,6 @@ MARKER_COLUMN = "__batchline_state_partition"
 """The column of the operator's shuffled input that tells each task its state partition: one
 marker row per partition holds the partition's number, data rows hold null
 (``batchline.state.placement``)."""
-ERROR_START, ERROR_END = "<<batchline-state-error>>", "<<end-batchline-state-error>>"
 
 
 # -------------------------------------------------------------------- static and per batch
@@ -281,81 +276,28 @@ class ErrorKind(enum.Enum):
     STATE_ENCODING = "state_encoding"
 
 
-@dataclass(frozen=True)
-class TaskErrorPayload:
-    """One failure of the state function, as it crosses from a task to the driver."""
-
-    kind: str
-    """An ``ErrorKind`` value."""
-    operator: str
-    key_repr: str | None
-    """``repr`` of the key the function failed for, or None when no single key is to blame."""
-    batch_time: int
-    message: str
-    """What happened and what to do, without the traceback."""
-    python_traceback: str
-    """The Python traceback of the failure in the task, or empty."""
-
-    def to_text(self) -> str:
-        """The payload between markers, on one line of ASCII that contains neither marker."""
-        body = json.dumps(dataclasses.asdict(self), ensure_ascii=True, sort_keys=True)
-        return ERROR_START + body.replace("<", "\\u003c").replace(">", "\\u003e") + ERROR_END
-
-    @classmethod
-    def find_in(cls, text: str) -> TaskErrorPayload | None:
-        """The first payload in ``text`` (a Spark error that quotes the task's exception)."""
-        start = text.find(ERROR_START)
-        end = text.find(ERROR_END, start + len(ERROR_START)) if start >= 0 else -1
-        if end < 0:
-            return None
-        try:
-            fields = json.loads(text[start + len(ERROR_START):end])
-            return cls(**{f.name: fields[f.name] for f in dataclasses.fields(cls)})
-        except (ValueError, KeyError, TypeError):
-            logger.warning("A state error payload in a task's error could not be read; raising the error as it is")
-            return None
-
-    def describe(self) -> str:
-        return f"{self.message}\n{self.python_traceback.rstrip()}" if self.python_traceback else self.message
-
-
-class TaskFailure(BatchlineError):
-    """Raised inside a task: its text is the payload between markers, which Spark carries to
-    the driver inside its own error. ``error_from_task`` reads it back."""
-
-    def __init__(self, payload: TaskErrorPayload) -> None:
-        self.payload = payload
-        super().__init__(payload.to_text())
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.payload,))
-
-
-class StateFunctionError(BatchlineError):
+class StateFunctionError(CarriedError):
     """The state function raised (or returned something unusable) for a key. Fix the
-    function and start the pipeline again: the failed batch re-runs from the state before it."""
+    function and start the pipeline again: the failed batch re-runs from the state before it.
+
+    Raised in a task with ``carry=True`` (the default there); the driver finds it in Spark's
+    error with ``StateFunctionError.carried_in``."""
 
     retryable = False  # the same keys and state fail the same way: no batch retry (SPEC H3)
+    attributes = ("kind", "operator", "key_repr", "batch_time", "message", "python_traceback")
 
-    def __init__(self, payload: TaskErrorPayload) -> None:
-        self.payload = payload
-        self.kind = ErrorKind(payload.kind)
-        self.operator = payload.operator
-        self.key_repr = payload.key_repr
-        self.batch_time = payload.batch_time
-        self.python_traceback = payload.python_traceback
-        super().__init__(payload.describe())
+    def __init__(self, kind: ErrorKind | str, operator: str, key_repr: str | None, batch_time: int, message: str,
+                 python_traceback: str = "", carry: bool = True) -> None:
+        self.kind = ErrorKind(kind)
+        self.operator = operator
+        self.key_repr = key_repr
+        """``repr`` of the key the function failed for, or None when no single key is to blame."""
+        self.batch_time = batch_time
+        self.message = message
+        """What happened and what to do, without the traceback."""
+        self.python_traceback = python_traceback
+        """The Python traceback of the failure in the task, or empty."""
+        super().__init__(f"{message}\n{python_traceback.rstrip()}" if python_traceback else message, carry)
 
-    def __reduce__(self) -> tuple[Any, ...]:
-        return (type(self), (self.payload,))
-
-
-def error_from_task(error: BaseException) -> StateFunctionError | None:
-    """The ``StateFunctionError`` a failed job's error carries from its task, or None when the
-    job failed for another reason (re-raise that one as it is)."""
-    if isinstance(error, StateFunctionError):
-        return error
-    if isinstance(error, TaskFailure):
-        return StateFunctionError(error.payload)
-    payload = TaskErrorPayload.find_in(str(error))
-    return None if payload is None else StateFunctionError(payload)
+    def attribute_values(self) -> dict[str, Any]:
+        return {**super().attribute_values(), "kind": self.kind.value}

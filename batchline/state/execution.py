@@ -11,7 +11,7 @@ is abandoned, drops the partition from the cache, so no half-applied batch survi
 ``run_partition`` needs no Spark: it takes the ``OperatorSpec``, the ``BatchParams``, Arrow
 batches, and a callback for its ``Stats`` (``spark_task`` wraps it for ``mapInArrow`` with a
 Spark accumulator; ``StateFunctionTester`` calls it directly over a ``MemoryStateStore``).
-A failure of the state function leaves as one ``TaskErrorPayload``, built in ``_failure``.
+A failure of the state function leaves as one ``StateFunctionError``, built in ``_failure``.
 """
 
 from __future__ import annotations
@@ -42,8 +42,6 @@ from batchline.state.contract import (
     PartitionFacts,
     StateFunctionError,
     Stats,
-    TaskErrorPayload,
-    TaskFailure,
     batch_params_from_property,
 )
 from batchline.state.entries import StateEntries, give_memory_back
@@ -281,14 +279,12 @@ def _row_maker(names: list[str]) -> Callable[[Iterable[Any]], tuple[Any, ...]]:
 
 
 def _failure(spec: OperatorSpec, params: BatchParams, kind: ErrorKind, key: Any, message: str,
-             with_traceback: bool = True) -> TaskFailure:
+             with_traceback: bool = True) -> StateFunctionError:
     """The one place a task describes a failure of the state function for the driver. Call
     it inside the ``except`` block of the failure to carry its Python traceback."""
-    return TaskFailure(TaskErrorPayload(
-        kind=kind.value, operator=spec.operator, key_repr=None if key is _NO_KEY else repr(key),
-        batch_time=params.batch_time, message=message,
-        python_traceback=traceback.format_exc() if with_traceback else "",
-    ))
+    return StateFunctionError(
+        kind, spec.operator, None if key is _NO_KEY else repr(key), params.batch_time, message,
+        traceback.format_exc() if with_traceback else "", carry=True)
 
 
 _NO_KEY = object()
@@ -302,7 +298,7 @@ def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
     The partition is the one the input's marker row names (``MARKER_COLUMN``); ``partition``
     is for input without markers (the state-function tester), and None requires a marker.
-    Failures of the state function raise ``TaskFailure``; ``error_from_task`` reads it."""
+    Failures of the state function raise ``StateFunctionError``, carried to the driver in Spark's error."""
     with paused_collector():  # state tuples form no cycles: see batchline.state.collector
         output = _run_marked(spec, params, batches, partition, report, cache, background_snapshots)
     if output is not None:

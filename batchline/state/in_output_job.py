@@ -18,7 +18,7 @@ from pyspark.sql import DataFrame
 from batchline.errors import MissingBatchParamsError
 from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.scheduler.retry import error_chain
-from batchline.state.contract import BatchParams, Stats, error_from_task
+from batchline.state.contract import BatchParams, StateFunctionError, Stats
 from batchline.state.operator_batch import OperatorBatch, Started
 
 __all__ = ["InOutputJob", "FusedOperator"]
@@ -78,7 +78,7 @@ class InOutputJob:
         retry mends: that is raised as a ``ConfigurationError``."""
         operator = self._operator
         for cause in error_chain(error):
-            found = error_from_task(cause)
+            found = StateFunctionError.carried_in(cause)
             if found is not None:
                 return FailedIn(self._naming_job(batch_time), found)
             missing = MissingBatchParamsError.carried_in(cause)

@@ -27,8 +27,8 @@ from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
     BatchParams,
     OperatorSpec,
+    StateFunctionError,
     Stats,
-    error_from_task,
     with_batch_params,
 )
 from batchline.state.execution import spark_task
@@ -93,7 +93,7 @@ def run_batch_job(spark_context: SparkContext, operator: str, params: BatchParam
     try:
         df.count()
     except Exception as error:
-        failure = error_from_task(error)
+        failure = StateFunctionError.carried_in(error)
         if failure is None:
             raise
         raise failure from None

@@ -44,7 +44,7 @@ from pyspark.sql.pandas.types import from_arrow_schema
 
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
-from batchline.state.contract import BatchParams, OperatorSpec, Stats, TaskFailure, error_from_task
+from batchline.state.contract import BatchParams, OperatorSpec, StateFunctionError, Stats
 from batchline.state.entries import StateEntries
 from batchline.state.execution import PartitionCache, load_partition, run_partition
 from batchline.state.group_state import GroupStateTimeout
@@ -188,10 +188,8 @@ class StateFunctionTester:
         try:
             outputs = list(run_partition(spec, params, [batch] if batch is not None else [], _PARTITION,
                                          reported.append, cache=self._cache, background_snapshots=False))
-        except TaskFailure as failure:
-            error = error_from_task(failure)
-            assert error is not None
-            raise error from None
+        except StateFunctionError as failure:
+            raise (StateFunctionError.carried_in(failure) or failure) from None
         stats = reported[0]
         self.last_stats = stats
         self._version = params.batch_time

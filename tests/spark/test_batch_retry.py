@@ -17,7 +17,6 @@ from batchline.checkpoint.lease import FencedError
 from batchline.clock import ManualClock
 from batchline.scheduler.retry import RetryPolicy, is_deterministic
 from batchline.state import StateFunctionError, read_state
-from batchline.state.contract import TaskErrorPayload
 from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import Count, LogWatcher, drive_until_done, running_count
 
@@ -118,7 +117,7 @@ def test_a_malformed_policy_is_refused(kwargs, message):
 
 
 def _state_function_error():
-    return StateFunctionError(TaskErrorPayload("raised", "sessions", "'u1'", BATCH, "the function raised", ""))
+    return StateFunctionError("raised", "sessions", "'u1'", BATCH, "the function raised", carry=False)
 
 
 def test_errors_that_a_retry_would_repeat_are_not_retried():

@@ -20,10 +20,7 @@ from batchline.state.contract import (
     ErrorKind,
     OperatorSpec,
     Stats,
-    TaskErrorPayload,
-    TaskFailure,
     batch_params_from_property,
-    error_from_task,
     with_batch_params,
 )
 from batchline.state.execution import PartitionCache, load_partition, run_partition
@@ -233,25 +230,23 @@ def test_stats_merge_by_field():
     assert Stats().merge(Stats()) == Stats()
 
 
-def test_an_error_payload_survives_the_text_of_a_spark_error():
+def test_a_state_function_error_survives_the_text_of_a_spark_error():
     trace = 'Traceback (most recent call last):\n  File "x.py", line 1\nValueError: boom'
-    payload = TaskErrorPayload(kind=ErrorKind.RAISED.value, operator="op",
-                               key_repr="'ключ <<end-batchline-state-error>>'", batch_time=5000,
-                               message="the state function raised for key 'ключ'", python_traceback=trace)
-    failure = TaskFailure(payload)
+    key = "'ключ <<batchline-error {\"a\": 1} end-batchline-error>>'"
+    failure = StateFunctionError(ErrorKind.RAISED, "op", key, 5000, "the state function raised for key 'ключ'",
+                                 trace)
     spark_text = (f"An error occurred while calling o81.count.\norg.apache.spark.SparkException: Job aborted\n"
-                  f"Traceback (most recent call last):\n  ...\nbatchline.state.contract.TaskFailure: {failure}\n"
-                  f"\tat org.apache.spark.api.python.BasePythonRunner")
-    error = error_from_task(RuntimeError(spark_text))
-    assert isinstance(error, StateFunctionError) and isinstance(error, BatchlineError)
-    assert (error.kind, error.operator, error.key_repr, error.batch_time) == (ErrorKind.RAISED, "op",
-                                                                               payload.key_repr, 5000)
-    assert error.python_traceback == payload.python_traceback
-    assert str(error) == payload.message + "\n" + payload.python_traceback
-    assert "org.apache.spark" not in str(error)
-    assert pickle.loads(pickle.dumps(error)).payload == payload
-    assert error_from_task(RuntimeError("Py4JJavaError: something else")) is None
-    assert error_from_task(failure).payload == payload
+                  f"Traceback (most recent call last):\n  ...\nbatchline.state.contract.StateFunctionError: "
+                  f"{failure}\n\tat org.apache.spark.api.python.BasePythonRunner")
+    error = StateFunctionError.carried_in(RuntimeError(spark_text))
+    assert isinstance(error, StateFunctionError) and isinstance(error, BatchlineError) and not error.carry
+    assert (error.kind, error.operator, error.key_repr, error.batch_time) == (ErrorKind.RAISED, "op", key, 5000)
+    assert error.python_traceback == trace
+    assert str(error) == "the state function raised for key 'ключ'\n" + trace
+    assert pickle.loads(pickle.dumps(error)).key_repr == key
+    assert StateFunctionError.carried_in(RuntimeError("Py4JJavaError: something else")) is None
+    assert str(StateFunctionError.carried_in(failure)) == str(error)  # raised in this process: the same, clean
+    assert "org.apache.spark" not in str(error) and "<<batchline-error " not in str(error)
 
 
 # -------------------------------------------------------------------- the per-key path without Spark
@@ -404,9 +399,9 @@ def test_a_failing_function_leaves_nothing_and_names_the_key(store):
 
     worker = Worker(spec_for(store, fn, GroupStateTimeout.NO_TIMEOUT))
     worker.run(BatchParams(1000, None, 1, None), [("good", 1)])
-    with pytest.raises(TaskFailure) as failure:
+    with pytest.raises(StateFunctionError) as failure:
         worker.run(BatchParams(2000, 1000, 1, None), [("good", 1), ("bad", 1)])
-    error = error_from_task(failure.value)
+    error = StateFunctionError.carried_in(failure.value)
     assert (error.kind, error.key_repr, error.batch_time) == (ErrorKind.RAISED, "'bad'", 2000)
     assert "ValueError: bug for bad" in error.python_traceback and "in fn" in error.python_traceback
     assert len(worker.cache) == 0  # the partition is dropped: no half-applied batch survives
