@@ -1,5 +1,7 @@
-"""The events of the job generator's loop: Spark Streaming's four (SPEC A2), and the two of
-a generation backlog (a restart's missed batches, and a committed batch making room)."""
+"""The events of the job generator's loop: the timer's tick, a restart's batches, the
+checkpoint as of a generated batch, a batch committed (from the batch's thread) and a
+checkpoint written (from the writer's thread). A committed batch is cleared, checkpointed and
+makes room in one event, so its checkpoint step leaves the loop only for the writer."""
 
 from __future__ import annotations
 
@@ -8,8 +10,7 @@ from dataclasses import dataclass
 __all__ = [
     "GenerateJobs",
     "RescheduleJobs",
-    "MakeRoom",
-    "ClearMetadata",
+    "BatchCommitted",
     "DoCheckpoint",
     "ClearCheckpointData",
     "GeneratorEvent",
@@ -31,27 +32,25 @@ class RescheduleJobs:
 
 
 @dataclass(frozen=True)
-class MakeRoom:
-    """Batch ``time`` committed, and its checkpoint event went first: it leaves the batches
-    in flight, and queued batches are generated while there is room."""
+class BatchCommitted:
+    """Batch ``time`` committed: clear what it needed, checkpoint, and let it leave the
+    batches in flight, so queued batches are generated while there is room."""
 
-    time: int
-
-
-@dataclass(frozen=True)
-class ClearMetadata:
     time: int
 
 
 @dataclass(frozen=True)
 class DoCheckpoint:
+    """Checkpoint as of generated batch ``time`` (behind the generation of batches already due)."""
+
     time: int
-    clear_checkpoint_data_later: bool
 
 
 @dataclass(frozen=True)
 class ClearCheckpointData:
+    """The checkpoint as of batch ``time`` is written: what only older checkpoints needed goes."""
+
     time: int
 
 
-GeneratorEvent = GenerateJobs | RescheduleJobs | MakeRoom | ClearMetadata | DoCheckpoint | ClearCheckpointData
+GeneratorEvent = GenerateJobs | RescheduleJobs | DoCheckpoint | BatchCommitted | ClearCheckpointData

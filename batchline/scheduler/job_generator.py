@@ -28,12 +28,11 @@ from batchline.clock import Clock
 from batchline.scheduler.batch_run import BatchPipeline, BatchRun
 from batchline.scheduler.event_loop import EventLoop
 from batchline.scheduler.events import (
+    BatchCommitted,
     ClearCheckpointData,
-    ClearMetadata,
     DoCheckpoint,
     GenerateJobs,
     GeneratorEvent,
-    MakeRoom,
     RescheduleJobs,
 )
 from batchline.scheduler.input_info import InputInfoTracker
@@ -220,12 +219,10 @@ class JobGenerator:
                 self._on_due((time,))
             case RescheduleJobs(times):
                 self._on_due(times)
-            case MakeRoom(time):
-                self._make_room(time)
-            case ClearMetadata(time):
-                self._clear_metadata(time)
-            case DoCheckpoint(time, clear_later):
-                self._do_checkpoint(time, clear_later)
+            case BatchCommitted(time):
+                self._batch_committed(time)
+            case DoCheckpoint(time):
+                self._do_checkpoint(time, clear_checkpoint_data_later=False)
             case ClearCheckpointData(time):
                 self._clear_checkpoint_data(time)
 
@@ -248,13 +245,6 @@ class JobGenerator:
     def _has_room(self) -> bool:
         limit = self.settings.max_batches_ahead
         return limit is None or len(self._in_flight) < limit
-
-    def _make_room(self, time: int) -> None:
-        """``time`` committed, and its checkpoint event was handled (MakeRoom is posted after
-        it): only now does its room let the next batch be generated, so a generation never
-        holds back the checkpoint of the commit that allowed it."""
-        self._in_flight.discard(time)
-        self._generate_queued()
 
     def _note_backlog(self) -> None:
         limit = self.settings.max_batches_ahead
@@ -288,19 +278,24 @@ class JobGenerator:
         else:
             self._in_flight.add(time)
             self._submit(run)
-        self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=False))
+        # Queued, not taken here: generating a backlog of due batches goes first.
+        self._event_loop.post(DoCheckpoint(time))
 
     def on_batch_committed(self, time: int) -> None:
-        """Called by the batch, on its thread, once it is committed: clean up, then checkpoint."""
-        self._event_loop.post(ClearMetadata(time))
+        """Called by the batch, on its thread, once it is committed; the rest happens on the loop."""
+        self._event_loop.post(BatchCommitted(time))
 
-    def _clear_metadata(self, time: int) -> None:
+    def _batch_committed(self, time: int) -> None:
+        """Clean up, checkpoint (the writer writes it on its own thread), and only then let the
+        committed batch's room generate the next one, so a generation never holds back the
+        checkpoint of the commit that allowed it."""
         self._batches.clear_metadata(time)
         if self._checkpoints is not None:
-            self._event_loop.post(DoCheckpoint(time, clear_checkpoint_data_later=True))
+            self._do_checkpoint(time, clear_checkpoint_data_later=True)
         else:
             self._clear_trackers_and_mark_processed(time)
-        self._event_loop.post(MakeRoom(time))
+        self._in_flight.discard(time)
+        self._generate_queued()
 
     def _do_checkpoint(self, time: int, clear_checkpoint_data_later: bool) -> None:
         manager = self._checkpoints
