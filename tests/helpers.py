@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -183,3 +184,32 @@ class LineServer:
         if self._conn:
             self._conn.close()
         self._listener.close()
+
+
+class DriverProcess:
+    """A driver script of ``tests/drivers/`` in a process of its own, as kill tests start them:
+    its stdout line ``started`` sets ``started``, and each ``completed <batch time> ...`` line
+    adds the batch time to ``completed``."""
+
+    def __init__(self, script: Path, *args: object) -> None:
+        self.process = subprocess.Popen([sys.executable, str(script), *(str(a) for a in args)],
+                                        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        self.completed: list[int] = []
+        self.started = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            if line.startswith("started"):
+                self.started.set()
+            elif line.startswith("completed "):
+                self.completed.append(int(line.split()[1]))
+
+    def kill(self) -> None:
+        """SIGKILL, and wait until it is gone."""
+        self.process.kill()
+        self.process.wait()
+
+    def wait_exit(self, timeout_s: float) -> int:
+        return self.process.wait(timeout_s)

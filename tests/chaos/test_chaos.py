@@ -5,44 +5,21 @@ import collections
 import json
 import os
 import random
-import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import DRIVERS, ROOT, poll_until
+from tests.helpers import DRIVERS, ROOT, DriverProcess, poll_until
 
 DRIVER = DRIVERS / "chaos_driver.py"
 EXAMPLES = ROOT / "examples"
 FILES, PER_FILE = 30, 20
 
 
-class Driver:
-    def __init__(self, incoming, out, checkpoint, *flags):
-        self.process = subprocess.Popen(
-            [sys.executable, str(DRIVER), str(incoming), str(out), str(checkpoint), *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-        )
-        self.completed = []
-        self.started = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            if line.startswith("started"):
-                self.started.set()
-            elif line.startswith("completed "):
-                self.completed.append(int(line.split()[1]))
-
-    def kill(self):
-        self.process.kill()
-        self.process.wait()
-
-    def wait_exit(self, timeout):
-        return self.process.wait(timeout)
+def start_driver(incoming, out, checkpoint, *flags) -> DriverProcess:
+    return DriverProcess(DRIVER, incoming, out, checkpoint, *flags)
 
 
 def write_inputs(incoming):
@@ -105,7 +82,7 @@ def jsonl_ids(out):
 def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=FILES * PER_FILE, read=output_ids):
     """Run a driver until every expected record is in the output (as ``read`` sees it) and a
     few more batches passed."""
-    driver = Driver(incoming, out, checkpoint, *flags)
+    driver = start_driver(incoming, out, checkpoint, *flags)
     deadline = time.monotonic() + timeout
     try:
         if not poll_until(lambda: sum(read(out).values()) >= expected and len(driver.completed) >= 3, timeout,
@@ -137,7 +114,7 @@ def test_random_kill_9s_lose_and_duplicate_nothing(tmp_path, inputs):
     rng = random.Random(20261121)
     kills, kills_mid_run = 0, 0
     for attempt in range(22):
-        driver = Driver(inputs, out, checkpoint)
+        driver = start_driver(inputs, out, checkpoint)
         if attempt % 5 == 4:
             time.sleep(rng.uniform(0.5, 3.0))  # during start-up and recovery
         else:
@@ -167,7 +144,7 @@ def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_noth
     rng = random.Random(31)
     kills_after_commits = 0
     for kill in range(6):
-        driver = Driver(inputs, out, checkpoint, "--jsonl-sink")
+        driver = start_driver(inputs, out, checkpoint, "--jsonl-sink")
         assert driver.started.wait(60), "the driver did not start"
         if kill % 2:
             time.sleep(rng.uniform(0.0, 3.0))  # anywhere: starting Spark, recovering, running batches
@@ -185,14 +162,14 @@ def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_noth
 def test_the_same_kill_duplicates_output_without_the_commit_protocol(tmp_path, inputs):
     """The kill lands after a batch's output was written and before the batch committed."""
     naive_out = tmp_path / "naive-out"
-    first = Driver(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink", "--kill-after-first-write")
+    first = start_driver(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink", "--kill-after-first-write")
     assert first.wait_exit(120) != 0  # it killed itself with SIGKILL
     run_to_completion(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink")
     naive = output_ids(naive_out)
     assert any(count > 1 for count in naive.values()), "a plain append should have written a batch twice"
 
     safe_out = tmp_path / "safe-out"
-    first = Driver(inputs, safe_out, tmp_path / "safe-checkpoint", "--kill-after-first-write")
+    first = start_driver(inputs, safe_out, tmp_path / "safe-checkpoint", "--kill-after-first-write")
     assert first.wait_exit(120) != 0
     run_to_completion(inputs, safe_out, tmp_path / "safe-checkpoint")
     safe = output_ids(safe_out)
@@ -204,7 +181,7 @@ def test_a_kill_and_restart_on_a_cluster_master_with_separate_executors(tmp_path
     live at locations every executor reaches, nothing on the driver alone."""
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     master = ("--master", "local-cluster[2,1,1024]")
-    first = Driver(inputs, out, checkpoint, "--kill-after-first-write", *master)
+    first = start_driver(inputs, out, checkpoint, "--kill-after-first-write", *master)
     assert first.wait_exit(180) != 0
     run_to_completion(inputs, out, checkpoint, *master, timeout=240)
     got = output_ids(out)
@@ -219,7 +196,7 @@ def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_u
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     rng = random.Random(4)
     for attempt in range(8):
-        driver = Driver(inputs, out, checkpoint, "--stateful")
+        driver = start_driver(inputs, out, checkpoint, "--stateful")
         assert driver.started.wait(60), "the driver did not start"
         time.sleep(rng.uniform(1.0, 4.0) if attempt % 4 else rng.uniform(0.0, 1.0))
         driver.kill()
@@ -243,7 +220,7 @@ def test_a_stateful_pipeline_survives_a_kill_on_a_cluster_master(tmp_path, input
     expected = expected_totals()
     out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
     master = ("--master", "local-cluster[2,1,1024]")
-    first = Driver(inputs, out, checkpoint, "--stateful", "--kill-after-first-write", *master)
+    first = start_driver(inputs, out, checkpoint, "--stateful", "--kill-after-first-write", *master)
     assert first.wait_exit(180) != 0
     run_to_completion(inputs, out, checkpoint, "--stateful", *master, timeout=240,
                       expected=sum(expected.values()))

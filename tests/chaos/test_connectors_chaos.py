@@ -3,15 +3,13 @@ entries are appended to Redis all along, restart it each time; the tables must e
 uninterrupted run's, with no row lost or duplicated."""
 
 import random
-import subprocess
-import sys
 import threading
 import time
 
 import psycopg
 import redis
 
-from tests.helpers import DRIVERS, poll_until
+from tests.helpers import DRIVERS, DriverProcess, poll_until
 
 DRIVER = DRIVERS / "connectors_driver.py"
 USERS, EVENTS, KILLS = 12, 1500, 20
@@ -32,25 +30,8 @@ def expected_rows():
     return sorted(rows), sorted((user, *t) for user, t in totals.items())
 
 
-class Driver:
-    def __init__(self, redis_url, dsn, checkpoint, suffix, *flags):
-        self.process = subprocess.Popen(
-            [sys.executable, str(DRIVER), redis_url, dsn, str(checkpoint), suffix, *flags],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        self.completed = 0
-        self.started = threading.Event()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            if line.startswith("started"):
-                self.started.set()
-            elif line.startswith("completed "):
-                self.completed += 1
-
-    def kill(self):
-        self.process.kill()
-        self.process.wait()
+def start_driver(redis_url, dsn, checkpoint, suffix, *flags) -> DriverProcess:
+    return DriverProcess(DRIVER, redis_url, dsn, checkpoint, suffix, *flags)
 
 
 def create_tables(dsn, suffix):
@@ -92,26 +73,26 @@ def test_killed_driver_writes_postgres_exactly_once(redis_server, postgres_serve
     kills_after_commits = 0
     try:
         for _ in range(KILLS):
-            driver = Driver(redis_server.url, dsn, checkpoint, "chaos")
+            driver = start_driver(redis_server.url, dsn, checkpoint, "chaos")
             assert driver.started.wait(60), "the driver did not start"
             if rng.random() < 0.5:
                 time.sleep(rng.uniform(0, 8))  # anywhere: starting Spark, restarting, running batches
             else:
-                poll_until(lambda d=driver: d.completed >= 1, 60, 0.05,
+                poll_until(lambda d=driver: len(d.completed) >= 1, 60, 0.05,
                            stop=lambda d=driver: d.process.poll() is not None)
                 time.sleep(rng.uniform(0, 1.5))  # within the next batches: planning, COPY, commit
-            kills_after_commits += driver.completed > 0
+            kills_after_commits += bool(driver.completed)
             assert driver.process.poll() is None, "the driver exited before it was killed"
             driver.kill()
         writer.join(120)
         assert not writer.is_alive()
-        driver = Driver(redis_server.url, dsn, checkpoint, "chaos")
-        poll_until(lambda: len(table_rows(dsn, "chaos")[0]) >= EVENTS and driver.completed >= 3, 180, 1)
+        driver = start_driver(redis_server.url, dsn, checkpoint, "chaos")
+        poll_until(lambda: len(table_rows(dsn, "chaos")[0]) >= EVENTS and len(driver.completed) >= 3, 180, 1)
         driver.kill()
     finally:
         stop.set()
 
-    clean = Driver(redis_server.url, dsn, tmp_path / "clean", "clean", "--bounded")
+    clean = start_driver(redis_server.url, dsn, tmp_path / "clean", "clean", "--bounded")
     assert clean.process.wait(240) == 0
     expected_events, expected_totals = expected_rows()
     assert table_rows(dsn, "clean") == (expected_events, expected_totals)
