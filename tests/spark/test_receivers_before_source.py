@@ -8,7 +8,7 @@ import importlib.util
 import json
 import shutil
 
-from tests.helpers import ROOT, LogWatcher
+from tests.helpers import ROOT, LogWatcher, poll_until
 
 FIXTURE = ROOT / "tests" / "fixtures" / "checkpoints" / "receivers_before_source"
 
@@ -35,6 +35,10 @@ def test_a_checkpoint_of_the_receivers_before_source_restarts_exactly(spark, tmp
         try:
             second.recorder.wait_for_batch(13_000)
             second.cut_block(13_800, "k", 5, checkpoint)  # numbered after the blocks on disk
+            # Block 4 is queued already, so cut_block may return between block 5's write-ahead
+            # and its queueing: wait until both wait for a batch.
+            [feed] = second.ssc.graph.inputs
+            assert poll_until(lambda: len(feed.source._queued) == 2), "block 5 was not queued"  # noqa: SLF001
             second.clock.set_time(14_000)
             second.recorder.wait_for_batch(14_000)
         finally:
