@@ -17,10 +17,10 @@ from batchline.sources.files import FileSource
 from batchline.sources.frames import DataFrameSource
 from batchline.sources.generator import GeneratorSource
 from batchline.sources.queue import QueueSource
-from batchline.sources.receiver import Receiver
+from batchline.sources.receiver import Receiver, ReceiverSource
 from batchline.sources.redis_streams import DEFAULT_SPLIT_SIZE, RedisStreamSource
 from batchline.sources.seen_files import DEFAULT_MAX_FILE_AGE
-from batchline.sources.socket import ReceiverSource, SocketReceiver
+from batchline.sources.socket import SocketReceiver
 from batchline.sources.source import Source
 from batchline.sources.source_input import SourceInput
 from batchline.streams import StreamGraph
@@ -99,10 +99,8 @@ class InputMethods:
                 "and never knows that no more will come. Land the data in files and read them with "
                 "file_stream(path, bounded=True), or use a generator with total=N"
             )
-        self._check_can_add()
         block_ms = parse_duration_ms(block_interval, "block interval")
-        node = ReceiverSource(self.batch_interval_ms, receiver, block_ms, name or type(receiver).__name__)
-        return Stream(self.graph.add_input(node), self.graph)
+        return Stream(self._add_input(ReceiverSource(receiver, block_ms), name or type(receiver).__name__), self.graph)
 
     def generator_stream(
         self,

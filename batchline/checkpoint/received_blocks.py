@@ -15,17 +15,19 @@ RECEIVED = "received"
 
 @dataclass(frozen=True)
 class Block:
-    stream_id: int
+    """Records a receiver stored within one block interval, cut at ``received_time``."""
+
     block_id: int
     records: tuple[str, ...]
     received_time: int
 
 
 class ReceivedBlockLog:
-    def __init__(self, storage: CheckpointStorage, input_name: str, stream_id: int) -> None:
+    """One input's blocks at the checkpoint location: ``received/<input name>/<block id>.json``."""
+
+    def __init__(self, storage: CheckpointStorage, input_name: str) -> None:
         self._storage = storage
         self._folder = f"{RECEIVED}/{re.sub(r'[^A-Za-z0-9._-]+', '_', input_name)}"
-        self._stream_id = stream_id
 
     def _name(self, block_id: int) -> str:
         return f"{self._folder}/{block_id:012d}.json"
@@ -36,7 +38,7 @@ class ReceivedBlockLog:
 
     def read(self, block_id: int) -> Block:
         payload = self._storage.read_sealed(self._name(block_id))
-        return Block(self._stream_id, block_id, tuple(payload["records"]), int(payload["received_time"]))
+        return Block(block_id, tuple(payload["records"]), int(payload["received_time"]))
 
     def delete(self, block_id: int) -> None:
         self._storage.delete(self._name(block_id))

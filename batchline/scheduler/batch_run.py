@@ -36,7 +36,6 @@ from batchline.errors import BatchFailedError, ContextStateError, short_cause
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, FailedIn, Job, JobSet, PendingCommit
 from batchline.scheduler.lifecycle import BatchLifecycle
-from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.scheduler.retry import RetryPolicy
 
 __all__ = ["BatchRun", "RunState", "BatchPipeline", "Scheduling"]
@@ -170,12 +169,10 @@ class BatchRun:
 
     # ---------------------------------------------------------------- 1. generated
     @classmethod
-    def generate(cls, time: int, pipeline: BatchPipeline, receiver_tracker: ReceiverTracker,
-                 input_info: InputInfoTracker, clock: Clock,
+    def generate(cls, time: int, pipeline: BatchPipeline, input_info: InputInfoTracker, clock: Clock,
                  on_committed: Callable[[int], None] | None = None) -> BatchRun:
         """Take the batch's input and build its jobs (raises when either fails)."""
         began = clock.now_ms()
-        receiver_tracker.allocate_blocks_to_batch(time)
         jobs = pipeline.jobs_for(time)
         infos = input_info.get_info(time)
         now = clock.now_ms()

@@ -271,7 +271,7 @@ class JobGenerator:
     # ---------------------------------------------------------------- one batch
     def _generate_jobs(self, time: int) -> None:
         try:
-            run = BatchRun.generate(time, self._batches, self._receiver_tracker, self._input_info, self._clock,
+            run = BatchRun.generate(time, self._batches, self._input_info, self._clock,
                                     self.on_batch_committed)
         except Exception as error:
             self._report_error(f"Error generating jobs for time {time}", error)
@@ -332,7 +332,6 @@ class JobGenerator:
 
     def _clear_trackers_and_mark_processed(self, time: int) -> None:
         threshold = time - self._batches.max_input_remember_ms
-        self._receiver_tracker.cleanup_old_batches(threshold)
         self._input_info.cleanup(threshold)
         with self._lock:
             self._unprocessed.discard(time)

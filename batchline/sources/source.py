@@ -12,8 +12,9 @@ per partition, a file name). Nothing pickled goes into the checkpoint; the sourc
 itself is pickled into tasks, so open connections lazily where they are used.
 
 The inputs batchline ships are ``Source``s too (files, generated events, a DataFrame, a
-queue of DataFrames, the test list; all but the receivers). What some of them need beyond ``plan`` and ``read``
-comes as optional hooks, each with a default that a plain source never needs to change:
+queue of DataFrames, the test list, the receivers). What some of them need beyond ``plan``
+and ``read`` comes as optional hooks, each with a default that a plain source never needs
+to change:
 
 - ``plan_at``: a plan that depends on stream time (events at a rate);
 - ``frame``: a batch Spark reads natively, with or without dead letters;
@@ -23,7 +24,11 @@ comes as optional hooks, each with a default that a plain source never needs to 
 - ``forget``: a batch no window needs any more (a queue lets its DataFrames go);
 - ``attach``: the run's Spark session and checkpoint location (a DataFrame kept there);
 - ``checkpoint_position``/``restore_position`` and ``log_batch``/``logged_batch``: how the
-  position and each batch are written to the checkpoint and the batch log.
+  position and each batch are written to the checkpoint and the batch log;
+- ``start_receiving``/``stop_receiving``, ``has_unplanned`` and ``recover_received``: a
+  source that is pushed records on the driver (a receiver) takes them in while the pipeline
+  runs, a graceful stop waits until every record taken in is in a batch, and a restart takes
+  back what it had written ahead.
 
 A minimal source::
 
@@ -52,6 +57,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage
+from batchline.clock import Clock, SystemClock
 
 __all__ = ["Source", "SourceBatch", "SourceRun", "BatchTimes", "DeadLetter", "Position", "Split"]
 
@@ -118,6 +124,9 @@ class SourceRun:
     spark: SparkSession
     storage: CheckpointStorage | None
     """The checkpoint location, None for a pipeline without one."""
+    clock: Clock = field(default_factory=SystemClock)
+    """The pipeline's clock (a ``ManualClock`` in tests), for a source that acts on time of
+    its own (a receiver cuts its blocks every block interval)."""
 
 
 class Source(ABC):
@@ -220,4 +229,25 @@ class Source(ABC):
         """Once per run on the driver, before the first plan."""
 
     def close(self) -> None:  # noqa: B027 (optional hook)
-        """Once when the pipeline stops."""
+        """Once when the pipeline stops, after ``stop_receiving``."""
+
+    # ---------------------------------------------------------------- records pushed to the driver
+    def recover_received(self, position: Position) -> None:  # noqa: B027 (optional hook)
+        """After a restart, once the checkpoint's position and every logged batch are given
+        back, before ``open`` and the first plan: ``position`` is where the next batch starts.
+        A source that wrote what it was pushed ahead to the checkpoint location takes back
+        here what no batch had taken, so the first batches after the restart get it."""
+
+    def start_receiving(self) -> None:  # noqa: B027 (optional hook)
+        """Once the pipeline runs (after ``open``, and after a restart recovered what it must):
+        a source that is pushed records on the driver (a receiver) starts taking them in."""
+
+    def stop_receiving(self, graceful: bool) -> None:  # noqa: B027 (optional hook)
+        """When the pipeline stops, before its last batches are planned and before ``close``:
+        stop taking records in; ``graceful``: first take in every record already sent, so the
+        last batches get it (``has_unplanned`` says until when)."""
+
+    def has_unplanned(self) -> bool:
+        """Whether records taken in wait for a batch to plan them: a graceful stop waits (up to
+        its timeout) until none does."""
+        return False

@@ -45,8 +45,6 @@ class SourceInput(InputNode):
     """A pipeline's input over a user's (or a built-in) :class:`Source`; ``dead_letters`` is
     the stream of the records its ``read`` refused."""
 
-    replayable = True  # whether a logged batch still can be is the source's call (can_replay)
-
     def __init__(self, source: Source, name: str, batch_interval_ms: int) -> None:
         if not isinstance(source, Source):
             raise ConfigurationError(
@@ -73,7 +71,10 @@ class SourceReader(InputRuntime, DeadLetterReader):
     def __init__(self, node: SourceInput, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
         super().__init__(node, env, parents)
         self.source = node.source
-        self.source.attach(SourceRun(node.name, env.spark, env.checkpoint.storage if env.checkpoint else None))
+        self.source.attach(SourceRun(node.name, env.spark, env.checkpoint.storage if env.checkpoint else None,
+                                     env.clock))
+        if type(self.source).has_unplanned is not Source.has_unplanned:  # it is pushed records: a stop waits
+            env.receiver_tracker.watch(self.source.has_unplanned)
         self.position: dict[str, Any] | None = None
         self.end_of_input: dict[str, Any] | None = None
         self._batches: dict[int, SourceBatch] = {}
@@ -105,7 +106,18 @@ class SourceReader(InputRuntime, DeadLetterReader):
             logger.info("Bounded input %s reads up to %s, where it stood at its first start", self.name,
                         _shown(self.end_of_input))
 
+    def recover_after_restart(self) -> None:
+        position = self.position if self.position is not None else self.source.initial_position()
+        self.source.recover_received(dict(position))
+
+    def start(self) -> None:
+        self.source.start_receiving()
+
     def stop(self, graceful: bool) -> None:
+        try:
+            self.source.stop_receiving(graceful)
+        except Exception:  # noqa: BLE001 (stopping goes on)
+            logger.exception("Stopping input %s failed", self.name)
         try:
             self.source.close()
         except Exception:  # noqa: BLE001 (stopping goes on)

@@ -1,11 +1,12 @@
-"""Inputs: a node that names a source, and the runtime contract the engine runs every input
-by. It is internal: a source author writes a ``batchline.Source``, which
-``sources.source_input`` runs on this contract (the receivers still implement it directly).
+"""Inputs as the engine runs them: a node that names an input, and its runtime for one run.
+
+Internal, and with exactly one implementation: ``sources.source_input`` runs every input, a
+user's ``batchline.Source`` and every built-in one alike, on this contract. A source author
+never meets it; the stream model only needs it because it sits below ``sources``.
 
 Recovery contract (all JSON, never pickles): ``allocation(t)`` says what batch ``t`` took,
 ``restore_allocation`` gives a batch exactly that again after a restart, and
-``snapshot``/``restore`` carry the source's position in a checkpoint. A source that cannot
-replay (``replayable = False``) loses the data of batches it must re-run, and says so.
+``snapshot``/``restore`` carry the input's position in a checkpoint.
 """
 
 from __future__ import annotations
@@ -26,10 +27,6 @@ logger = logging.getLogger(__name__)
 
 class InputNode(StreamNode):
     """A source of batches, found again in a checkpoint by its ``name`` (unique in the pipeline)."""
-
-    replayable = False
-    """Whether it can snapshot what it gave a batch (its allocation) and give it again after a
-    restart (SPEC F3); a batch that read an input that cannot re-runs whole."""
 
     def __init__(self, name: str, batch_interval_ms: int, bounded: bool = False) -> None:
         super().__init__(())
@@ -101,56 +98,53 @@ class InputRuntime(StreamRuntime):
     def input_id(self) -> int:
         return self.node.input_id
 
+    @abstractmethod
     def start(self) -> None:
         """Called once the pipeline runs (after a restart has recovered what it must)."""
-        return None
 
+    @abstractmethod
     def stop(self, graceful: bool) -> None:
         """Called once when the pipeline stops, before its last batches (gracefully: let every
         record already received into a batch)."""
-        return None
 
+    @abstractmethod
     def allocate(self, batch_time: int) -> None:
         """Decide which data belongs to ``batch_time`` and report it; runs on the event loop."""
-        self.report(batch_time, num_records=0)
 
+    @abstractmethod
     def allocation(self, batch_time: int) -> dict[str, Any]:
         """What ``allocate`` chose for ``batch_time``, to be written to the batch log."""
-        return {}
 
+    @abstractmethod
     def restore_allocation(self, batch_time: int, allocation: dict[str, Any], advance: bool) -> None:
         """Give ``batch_time`` the logged allocation; with ``advance`` also move the source's
         position past it (a batch logged after the checkpoint)."""
-        if not self.node.replayable:
-            logger.warning("Input %s cannot replay batch %d: it re-runs without this input's data", self.name,
-                           batch_time)
-        self.report(batch_time, num_records=0)
 
+    @abstractmethod
     def can_replay(self, batch_time: int) -> bool:
         """After a restart gave ``batch_time`` its logged allocation: whether reading it again
         gives the same data (else the batch re-runs whole, without it; SPEC F3). A source
         may raise ``SourceError`` instead, naming what is gone."""
-        return self.node.replayable
 
+    @abstractmethod
     def snapshot(self) -> dict[str, Any]:
         """The source's position, for a checkpoint."""
-        return {}
 
+    @abstractmethod
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Go back to a position that ``snapshot`` returned."""
-        return None
 
+    @abstractmethod
     def recover_after_restart(self) -> None:
         """Take back data received but not yet in any batch when the last driver died."""
-        return None
 
     def clear_metadata(self, batch_time: int) -> None:
         super().clear_metadata(batch_time)
         self.forget_before(batch_time - self.remember_ms)
 
+    @abstractmethod
     def forget_before(self, threshold_time: int) -> None:
         """Drop what was allocated to batches at or before ``threshold_time``."""
-        return None
 
     def report(self, batch_time: int, num_records: int | None, dead_letters: int = 0,
                metadata: dict[str, Any] | None = None) -> None:

@@ -193,3 +193,17 @@ class LeakyRuntime(StreamRuntime):
         return batch_time not in self._skipped
 '''
     assert batch_keyed_attributes(source, "stateful") == {"LeakyRuntime": {"_skipped"}}
+
+
+def test_every_input_is_a_source():
+    """The engine's input contract (``InputNode``/``InputRuntime``) has one implementation,
+    the one that runs a ``Source``: no input, built-in or a user's, implements it itself."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for cls in ast.walk(ast.parse(path.read_text())):
+            if isinstance(cls, ast.ClassDef):
+                bases = {b.id if isinstance(b, ast.Name) else b.attr if isinstance(b, ast.Attribute) else ""
+                         for b in cls.bases}
+                if bases & {"InputNode", "InputRuntime"}:
+                    found.append(f"{_module_name(path)}.{cls.name}")
+    assert found == ["batchline.sources.source_input.SourceInput", "batchline.sources.source_input.SourceReader"]
