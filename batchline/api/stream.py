@@ -100,7 +100,10 @@ class Stream:
         return self.graph.add_output(self.node, sink, name or type(sink).__name__)
 
     def foreach_batch(self, fn: Callable[[DataFrame, BatchTime], Any], name: str | None = None) -> OutputOperation:
-        """Call ``fn(df, batch_time)`` for every batch; ``batch_time`` is a stable id (epoch ms)."""
+        """Call ``fn(df, batch_time)`` for every batch; ``batch_time`` is the batch's id (epoch ms),
+        the same every time the batch runs, across restarts, only with a checkpoint location
+        (without one a new run starts over with new batch times). A function that writes outside
+        the process should key what it writes by ``batch_time`` and run with ``checkpoint=``."""
         return self.graph.add_output(self.node, ForeachBatchSink(fn), name or "foreach_batch")
 
     def console(self, num_rows: int = 20, truncate: bool = True, name: str | None = None) -> OutputOperation:
