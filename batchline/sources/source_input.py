@@ -84,6 +84,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
         self._null_fields_named: set[str] = set()
         """The columns already named at WARN as null in every row of a batch (once per run)."""
+        self._fields_with_values: set[str] = set()
+        """The columns that had a value in some row of this run: never named as misspelt."""
 
     @functools.cached_property
     def _columns(self) -> list[Column]:
@@ -102,11 +104,14 @@ class SourceReader(InputRuntime, DeadLetterReader):
 
     def _warn_of_null_fields(self, batch: SourceBatch, observed: dict[str, Any]) -> None:
         """Name at WARN, once per field for the run, a column null in every good row of the
-        batch: its records probably spell the field otherwise (``uid`` in the schema, ``user``
-        in the files), and every row would go on with a null there."""
+        batch that had no value in any batch before: its records probably spell the field
+        otherwise (``uid`` in the schema, ``user`` in the files), and every row would go on
+        with a null there. A column that had a value once is optional, not misspelt."""
         names = self.node.schema.fieldNames()
-        empty = [name for i, name in enumerate(names)
-                 if int(observed.get(f"{_VALUES}{i}", 1)) == 0 and name not in self._null_fields_named]
+        counts = {name: int(observed.get(f"{_VALUES}{i}", 1)) for i, name in enumerate(names)}
+        self._fields_with_values.update(name for name, values in counts.items() if values)
+        empty = [name for name, values in counts.items()
+                 if not values and name not in self._fields_with_values and name not in self._null_fields_named]
         if not empty:
             return
         self._null_fields_named.update(empty)

@@ -12,7 +12,7 @@ from tests.helpers import LogWatcher
 def test_a_misspelt_field_is_named_once_and_a_field_with_a_value_never(spark, tmp_path):
     rows = {
         "a.json": [{"user": "u1", "name": None, "n": 1}, {"user": "u2", "name": "bo", "n": 2}],
-        "b.json": [{"user": "u3", "name": None, "n": 3}],
+        "b.json": [{"user": "u3", "name": None, "n": 3}],  # name had a value before: optional
         "c.json": [{"user": "u4", "n": 4}],
     }
     for name, lines in rows.items():
