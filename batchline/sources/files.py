@@ -127,9 +127,9 @@ class FileSource(Source):
 
     @property
     def reads_fields_by_name(self) -> bool:  # type: ignore[override]
-        """JSON and CSV files name their fields (a CSV file in its header); parquet's columns
-        are applied to its own, and text has one column."""
-        return self.format in ("json", "csv")
+        """JSON lines name their fields, and a CSV file with a header; a CSV file without one
+        gives its columns by position, parquet's columns are applied to its own, and text has one."""
+        return self.format == "json" or (self.format == "csv" and self.header)
 
     def record_fields(self, batch: SourceBatch) -> list[str] | None:
         """The keys of the first line of the batch's first file (a CSV file's header); one short

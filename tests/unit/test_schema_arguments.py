@@ -31,3 +31,21 @@ def test_anything_else_is_refused_naming_the_argument_the_value_and_the_forms(ba
     assert message.startswith(f"the schema of file_stream('in/') must be a StructType, a DDL string like "
                               f"'uid string, ts timestamp', or a dataclass (its fields' types become the columns); "
                               f"got {bad!r}")
+
+
+def test_json_and_csv_files_name_their_fields_for_the_null_field_warning(tmp_path):
+    from batchline.sources.files import FileSource
+    from batchline.sources.source import SourceBatch
+
+    (tmp_path / "a.json").write_text('{"user": 1, "ts": "2026-01-01T00:00:00Z"}\n{"user": 2}\n')
+    (tmp_path / "a.csv").write_text("user;ts\n1;2026-01-01\n")
+
+    def fields(format, file, **options):
+        source = FileSource(str(tmp_path), format, "uid long, ts string", **options)
+        return source.reads_fields_by_name, source.record_fields(
+            SourceBatch({}, {}, ({"file": str(tmp_path / file)},)))
+
+    assert fields("json", "a.json") == (True, ["user", "ts"])
+    assert fields("csv", "a.csv", header=True, sep=";") == (True, ["user", "ts"])
+    assert fields("csv", "a.csv") == (False, None)  # no header: the columns are by position
+    assert fields("parquet", "a.json")[0] is False
