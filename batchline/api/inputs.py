@@ -61,6 +61,9 @@ class InputMethods:
         (``"uid string, ts timestamp"``) or a dataclass, as every schema argument of batchline.
 
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
+        A schema field that json lines (or csv with ``header=True``) never fill, null in every row
+        of a batch and in no row with a value before, is named once at WARN with the fields the
+        files do have: they probably spell it otherwise.
         A file is taken once it was last modified ``settle`` seconds ago or more; files are
         taken oldest first. ``max_files_per_batch`` spreads a backlog (after down time) over
         several batches. ``bounded``: read the files present when the pipeline first starts,
