@@ -15,10 +15,10 @@ from batchline.api.context import StreamingContext
 from batchline.api.stream import Stream
 from batchline.batch_time import BatchTime
 from batchline.clock import ManualClock
-from batchline.errors import ConfigurationError
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.sources.lists import END, Abort, AbortedForTest, ListSource
 from batchline.spark import local_spark_session
+from batchline.state.schema import as_struct
 from batchline.state.tester import StateFunctionTester
 
 __all__ = [
@@ -111,18 +111,11 @@ class CollectSink:
         wait_for(lambda: predicate(self.all_rows()), self._changed, timeout, "expected rows")
 
 
-def _struct(schema: StructType | str) -> StructType:
-    parsed = StructType.fromDDL(schema) if isinstance(schema, str) else schema
-    if not isinstance(parsed, StructType):
-        raise ConfigurationError(f"a row schema is a StructType or DDL like 'key string, value long'; got {schema!r}")
-    return parsed
-
-
-def list_stream(ssc: StreamingContext, items: list[Any], schema: StructType | str, name: str = "list",
+def list_stream(ssc: StreamingContext, items: list[Any], schema: StructType | str | type, name: str = "list",
                 bounded: bool = False) -> Stream:
     """A replayable input over ``items``: each a list of rows for one batch, ``END`` or ``Abort()``;
     ``bounded``: the input ends at ``END`` or at the end of the list, so the pipeline can finish."""
-    return ssc.input(ListSource(items, _struct(schema), bounded), name=name)
+    return ssc.input(ListSource(items, schema, bounded), name=name)
 
 
 class BatchHarness:
@@ -137,11 +130,11 @@ class BatchHarness:
         harness.stop()
     """
 
-    def __init__(self, spark: SparkSession, build: Callable[[Stream], Stream], schema: StructType | str, *,
+    def __init__(self, spark: SparkSession, build: Callable[[Stream], Stream], schema: StructType | str | type, *,
                  checkpoint: str | None = None, batch_interval_ms: int = 1000, start_ms: int = 100_000,
                  **context_options: Any) -> None:
         self.spark = spark
-        self.schema = _struct(schema)
+        self.schema = as_struct(schema, "the schema of BatchHarness")
         self.clock = ManualClock(start_ms)
         self.interval_ms = batch_interval_ms
         self.ssc = StreamingContext(spark, batch_interval_ms / 1000, clock=self.clock, checkpoint=checkpoint,

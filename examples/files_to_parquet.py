@@ -2,9 +2,12 @@
 
     batchline run examples/files_to_parquet.py -- IN_DIR OUT_DIR [SECONDS]
 
-Every JSON file that appears in IN_DIR is read once; its good rows, with a ten-second
-sliding count per user, land in OUT_DIR/events and OUT_DIR/activity, one directory per
-batch; lines that do not parse go to OUT_DIR/dead_letters with the reason.
+Every JSON file that appears in IN_DIR (lines like ``{"user": 1, "action": "click", "ts":
+"2026-01-01T00:00:00Z"}``) is read once; its good rows land in OUT_DIR/events and a ten-second
+sliding count of actions per user in OUT_DIR/activity (Parquet, one ``batch_time=`` directory
+per batch); lines that do not parse go to OUT_DIR/dead_letters (JSON lines) with the reason.
+It runs for SECONDS, or until Ctrl-C, which stops it gracefully. The checkpoint is kept in
+OUT_DIR/checkpoint: run it again and it goes on after the files it read, writing none twice.
 """
 
 import sys
@@ -26,16 +29,12 @@ schema = StructType([
 ])
 
 spark = local_spark_session()
-ssc = StreamingContext(spark, batch_interval="1s")
+ssc = StreamingContext(spark, batch_interval="1s", checkpoint=f"{out_dir}/checkpoint")
 events = ssc.file_stream(in_dir, format="json", schema=schema)
 events.write_files(f"{out_dir}/events", format="parquet")
 events.dead_letters.write_files(f"{out_dir}/dead_letters", format="json")
 activity = events.window("10s", "2s").group_by_key("user").agg(F.count("*").alias("actions_last_10s"))
 activity.write_files(f"{out_dir}/activity", format="parquet")
 ssc.start()
-try:
-    ssc.await_termination(seconds)
-except KeyboardInterrupt:
-    pass
-finally:
+if not ssc.await_termination(seconds):  # SECONDS passed; Ctrl-C stops it gracefully before that
     ssc.stop(graceful=True)

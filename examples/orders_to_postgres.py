@@ -1,12 +1,16 @@
 """Generated orders into PostgreSQL, exactly once: every order appended, each user's latest
 order upserted.
 
-    batchline run examples/orders_to_postgres.py -- DSN [SECONDS]
+    batchline run examples/orders_to_postgres.py -- DSN [SECONDS [CHECKPOINT]]
 
 DSN is a PostgreSQL connection string (postgresql://user:password@host:5432/db); the
-example creates its two tables if they are missing. Kill it at any moment (kill -9) and start
-it again: each batch lands once, in one transaction with its row of ``batchline_progress``.
-The password never appears in logs or in the checkpoint.
+example creates its two tables if they are missing, appends every generated order to
+``orders`` and upserts each user's latest order into ``latest_order`` (at most 50 rows). It
+runs for SECONDS, or until Ctrl-C, which stops it gracefully. The checkpoint is kept in
+CHECKPOINT (default: ``batchline-orders-to-postgres`` in the system's temporary folder). Kill
+it at any moment (kill -9) and start it again with the same CHECKPOINT: each batch lands once,
+in one transaction with its row of ``batchline_progress``. The password never appears in logs
+or in the checkpoint.
 """
 
 import sys
@@ -34,9 +38,5 @@ orders = events.select("id", "data", "ts", (F.length("data") * 10).cast("long").
 orders.write_postgres(dsn, "orders", name="orders")
 orders.select("id", "data", "ts").write_postgres(dsn, "latest_order", mode="upsert", key=["id"], name="latest")
 ssc.start()
-try:
-    ssc.await_termination(seconds)
-except KeyboardInterrupt:
-    pass
-finally:
+if not ssc.await_termination(seconds):  # SECONDS passed; Ctrl-C stops it gracefully before that
     ssc.stop(graceful=True)

@@ -5,8 +5,9 @@
 Reads stream ``orders`` (fields customer, amount, at) from REDIS_URL (redis://host:6379/0)
 from its first entry. Every order lands in OUT_DIR/orders (Parquet, one directory per
 batch), the per-customer running totals in OUT_DIR/totals, and entries that do not parse in
-OUT_DIR/dead_letters with the reason. Stop it and start it again: with the checkpoint in
-OUT_DIR/checkpoint it resumes after the last entry it committed, reading no entry twice.
+OUT_DIR/dead_letters with the reason. It runs for SECONDS, or until Ctrl-C, which stops it
+gracefully. Stop it and start it again: with the checkpoint in OUT_DIR/checkpoint it resumes
+after the last entry it committed, reading no entry twice.
 
 Try it:  redis-cli XADD orders '*' customer alice amount 12.50 at 2026-11-23T10:00:00Z
 """
@@ -47,9 +48,5 @@ totals = orders.group_by_key("customer").flat_map_groups_with_state(
     name="totals")
 totals.write_files(f"{out_dir}/totals")
 ssc.start()
-try:
-    ssc.await_termination(seconds)
-except KeyboardInterrupt:
-    pass
-finally:
+if not ssc.await_termination(seconds):  # SECONDS passed; Ctrl-C stops it gracefully before that
     ssc.stop(graceful=True)

@@ -95,7 +95,6 @@ class StreamingContext(InputMethods):
         keep_workers_warm: bool = True,
     ) -> None:
         self.spark = spark
-        self.spark = spark
         self.settings = ContextSettings.of(
             batch_interval, concurrent_jobs=concurrent_jobs, graceful_stop_timeout=graceful_stop_timeout,
             checkpoint=checkpoint, checkpoint_interval=checkpoint_interval, keep_checkpoints=keep_checkpoints,
@@ -106,7 +105,8 @@ class StreamingContext(InputMethods):
         self.batch_interval_ms = self.settings.batch_interval_ms
         self.clock = clock or SystemClock()
         self.graph = StreamGraph(self.batch_interval_ms,
-                                 parse_duration_ms(remember, "remember duration") if remember is not None else None)
+                                 parse_duration_ms(remember, "remember duration") if remember is not None else None,
+                                 checkpointed=self.settings.checkpoint is not None)
         """The pipeline's description, built by the input and stream methods."""
         self.name: str = name or spark.sparkContext.appName or "batchline"
         self._run = PipelineRun(spark, self.settings, self.graph, self.clock, self.name)

@@ -44,7 +44,7 @@ class InputMethods:
         self,
         path: str,
         format: str = "json",
-        schema: StructType | None = None,
+        schema: StructType | str | type | None = None,
         *,
         header: bool = False,
         sep: str = ",",
@@ -57,7 +57,13 @@ class InputMethods:
     ) -> FileStream:
         """New files under ``path`` (local or any fsspec URL): json (lines), csv, parquet or text.
 
+        ``schema`` (every format but text needs one) is a ``StructType``, a DDL string
+        (``"uid string, ts timestamp"``) or a dataclass, as every schema argument of batchline.
+
         Bad json/csv lines go to ``stream.dead_letters`` with the reason and the raw line.
+        A schema field that json lines (or csv with ``header=True``) never fill, null in every row
+        of a batch and in no row with a value before, is named once at WARN with the fields the
+        files do have: they probably spell it otherwise.
         A file is taken once it was last modified ``settle`` seconds ago or more; files are
         taken oldest first. ``max_files_per_batch`` spreads a backlog (after down time) over
         several batches. ``bounded``: read the files present when the pipeline first starts,
@@ -124,7 +130,7 @@ class InputMethods:
         return Stream(self._add_input(source, name), self.graph)
 
     def queue_stream(
-        self, frames: Iterable[DataFrame], *, schema: StructType | None = None,
+        self, frames: Iterable[DataFrame], *, schema: StructType | str | type | None = None,
         one_at_a_time: bool = True, name: str = "queue",
     ) -> QueueStream:
         """One queued DataFrame per batch (or all queued, with ``one_at_a_time=False``)."""
@@ -156,7 +162,7 @@ class InputMethods:
         *,
         name: str | None = None,
         max_records_per_batch: int | None = None,
-        schema: StructType | None = None,
+        schema: StructType | str | type | None = None,
         bounded: bool = False,
         start: str = "earliest",
         split_size: int = DEFAULT_SPLIT_SIZE,

@@ -96,11 +96,16 @@ class Stream:
     # ---------------------------------------------------------------- outputs
     def write(self, sink: Sink, name: str | None = None) -> OutputOperation:
         """Hand every batch to ``sink`` (a :class:`batchline.Sink`: your own, or a built-in one);
-        ``name`` is the output's stable name (default: the sink's class name)."""
+        ``name`` is the output's stable name (default: the sink's class name). Unless the sink
+        says ``needs_checkpoint = False``, the context needs a checkpoint location: ``start()``
+        refuses the pipeline without one."""
         return self.graph.add_output(self.node, sink, name or type(sink).__name__)
 
     def foreach_batch(self, fn: Callable[[DataFrame, BatchTime], Any], name: str | None = None) -> OutputOperation:
-        """Call ``fn(df, batch_time)`` for every batch; ``batch_time`` is a stable id (epoch ms)."""
+        """Call ``fn(df, batch_time)`` for every batch; ``batch_time`` is the batch's id (epoch ms),
+        the same every time the batch runs, across restarts, only with a checkpoint location
+        (without one a new run starts over with new batch times). A function that writes outside
+        the process should key what it writes by ``batch_time`` and run with ``checkpoint=``."""
         return self.graph.add_output(self.node, ForeachBatchSink(fn), name or "foreach_batch")
 
     def console(self, num_rows: int = 20, truncate: bool = True, name: str | None = None) -> OutputOperation:
@@ -113,7 +118,9 @@ class Stream:
         """Write every non-empty batch as one directory ``batch_time=<ms>`` under ``path`` (a
         local path or fsspec URL, with ``storage_options``), exactly once across restarts.
         The newest ``keep_commits`` commit records stay files; older ones are compacted into
-        one snapshot in the background, so they do not pile up over a pipeline's life."""
+        one snapshot in the background, so they do not pile up over a pipeline's life. Needs
+        a checkpoint location (``StreamingContext(..., checkpoint=...)``): without one a rerun
+        would write everything again, so ``start()`` refuses."""
         sink = FileSink(path, format, options, storage_options=storage_options, keep_commits=keep_commits)
         return self.graph.add_output(self.node, sink, name or f"files:{path}")
 
@@ -124,7 +131,8 @@ class Stream:
         a row of ``progress_table`` (pipeline, output, batch time, fencing token), so a batch
         that runs again writes nothing twice and a driver that lost its lease writes nothing.
         ``mode=WriteMode.UPSERT`` (or ``"upsert"``) inserts or updates by ``key`` (a primary key or unique index). The
-        stream's columns must be columns of ``table``, checked before anything is written."""
+        stream's columns must be columns of ``table``, checked before anything is written.
+        Needs a checkpoint location, as ``write_files`` does."""
         sink = PostgresSink(dsn, table, mode, key, progress_table)
         return self.graph.add_output(self.node, sink, name or f"postgres:{table}")
 

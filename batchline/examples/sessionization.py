@@ -1,11 +1,15 @@
-"""Sessionization (seed 003's example, in Python): per user, collect events into a session
+"""Sessionization: per user, collect events into a session
 that closes on a "last" event or after one minute without events, even if no more data
 ever arrives for the user.
 
-    python examples/sessionization.py [checkpoint-dir]
+    python examples/sessionization.py [CHECKPOINT [SECONDS]]
 
-Stop it with Ctrl-C and start it again: open sessions, their timeouts and the generator's
-position resume from the checkpoint.
+Generates 500 events a second for 200 users and prints the sessions closed in every
+two-second batch as a table (user, started, ended, events, closed_by: "last event" or
+"timeout"), after a first line ``Checkpoint: <folder>``. The checkpoint is kept in CHECKPOINT
+(default: a new folder in the system's temporary folder, named on that first line). It runs for
+SECONDS, or until Ctrl-C, which stops it gracefully; start it again with the same CHECKPOINT:
+open sessions, their timeouts and the generator's position resume from it.
 """
 
 from __future__ import annotations
@@ -78,16 +82,16 @@ def build_sessionization(ssc: StreamingContext, rate: float, users: int, seed: i
 
 
 def main() -> None:
-    checkpoint = sys.argv[1] if len(sys.argv) > 1 else tempfile.mkdtemp(prefix="batchline-sessions-")
+    args = [a for a in sys.argv[1:] if a != "--"]
+    checkpoint = args[0] if args else tempfile.mkdtemp(prefix="batchline-sessions-")
+    seconds = float(args[1]) if len(args) > 1 else None
     spark = local_spark_session(app_name="sessionization")
     ssc = StreamingContext(spark, "2 seconds", checkpoint=checkpoint)
     sessions = build_sessionization(ssc, rate=500, users=200)
     sessions.console(num_rows=10, truncate=False, name="closed-sessions")
     print(f"Checkpoint: {checkpoint}", flush=True)
     ssc.start()
-    try:
-        ssc.await_termination()
-    except KeyboardInterrupt:
+    if not ssc.await_termination(seconds):  # SECONDS passed; Ctrl-C stops it gracefully before that
         ssc.stop(graceful=True)
 
 

@@ -11,6 +11,7 @@ __all__ = ["ConsoleSink"]
 
 class ConsoleSink(Sink):
     reads_all_rows = False  # show() reads the first rows only
+    needs_checkpoint = False  # printed, not kept: a rerun prints again and duplicates nothing
 
     def __init__(self, num_rows: int = 20, truncate: bool = True) -> None:
         self.num_rows = num_rows

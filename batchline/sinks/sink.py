@@ -119,6 +119,13 @@ class Sink(ABC):
     """Whether ``write`` reads every row of the DataFrame. An input's counts come from the
     first job that does; a sink that reads only some (``console``'s ``show``) says False."""
 
+    needs_checkpoint: ClassVar[bool] = True
+    """Whether the pipeline must have a checkpoint location to write here. Without one, every
+    run starts from the beginning of its inputs and writes again what an earlier run wrote
+    (and the sink's commit records cannot tell the runs apart), so ``start()`` refuses an
+    output whose sink writes outside the process. False only for sinks whose output lives and
+    dies with the process (``console``) or whose idempotence is the user's (``foreach_batch``)."""
+
     def open(self, context: SinkContext) -> None:  # noqa: B027 (optional hook)
         """Called once per run on the driver, before any batch: connect, check the destination
         (a table's columns), clean up what a crashed run left. Raise ``ConfigurationError``
@@ -140,7 +147,14 @@ class Sink(ABC):
 
 
 class ForeachBatchSink(Sink):
-    """``fn(df, batch_time)`` for every batch: the user's code decides what idempotent means."""
+    """``fn(df, batch_time)`` for every batch: the user's code decides what idempotent means.
+
+    ``batch_time`` is the same every time a batch runs, across restarts too, only with a
+    checkpoint location: without one, a new run starts from the beginning of its inputs with
+    new batch times, so a function that writes outside the process should be used with
+    ``StreamingContext(..., checkpoint=...)`` and key what it writes by ``batch_time``."""
+
+    needs_checkpoint = False  # the function decides where it writes; see above
 
     def __init__(self, fn: Callable[[DataFrame, BatchTime], Any]) -> None:
         self.fn = fn

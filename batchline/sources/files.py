@@ -35,6 +35,7 @@ from batchline.errors import ConfigurationError, SourceError
 from batchline.sources import parsing
 from batchline.sources.seen_files import DEFAULT_MAX_FILE_AGE, SeenFiles, mtime_ms
 from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
+from batchline.state.schema import SCHEMA_FORMS, as_struct
 
 __all__ = ["FileSource", "FORMATS"]
 
@@ -73,7 +74,7 @@ class FileSource(Source):
         self,
         path: str,
         format: str,
-        schema: StructType | None = None,
+        schema: StructType | str | type | None = None,
         header: bool = False,
         sep: str = ",",
         settle_s: float = 1.0,
@@ -87,15 +88,17 @@ class FileSource(Source):
         if format not in FORMATS:
             raise ConfigurationError(f"file format {format!r} is not supported; use one of {', '.join(FORMATS)}")
         if format == "text":
-            schema = StructType([StructField("value", StringType(), True)])
+            struct = StructType([StructField("value", StringType(), True)])
         elif schema is None:
             raise ConfigurationError(
-                f"a {format} file stream needs a schema (a StructType): batches must not change "
+                f"a {format} file stream needs a schema ({SCHEMA_FORMS}): batches must not change "
                 "shape with the files that happen to arrive"
             )
+        else:
+            struct = as_struct(schema, f"the schema of file_stream({path!r})")
         self.path = path
         self.format = format
-        self.row_schema: StructType = schema
+        self.row_schema: StructType = struct
         self.header = header
         self.sep = sep
         self.settle_s = settle_s
@@ -121,6 +124,24 @@ class FileSource(Source):
 
     def schema(self) -> StructType:
         return self.row_schema
+
+    @property
+    def reads_fields_by_name(self) -> bool:  # type: ignore[override]
+        """JSON lines name their fields, and a CSV file with a header; a CSV file without one
+        gives its columns by position, parquet's columns are applied to its own, and text has one."""
+        return self.format == "json" or (self.format == "csv" and self.header)
+
+    def record_fields(self, batch: SourceBatch) -> list[str] | None:
+        """The keys of the first line of the batch's first file (a CSV file's header); one short
+        read on the driver, only when a column was null in every row."""
+        if not batch.splits or (self.format == "csv" and not self.header):
+            return None
+        with self._fs.open(batch.splits[0]["file"], "rb") as handle:
+            first = handle.readline(_FIRST_LINE_LIMIT).decode("utf-8", errors="replace").strip()
+        if self.format == "csv":
+            return [name.strip().strip('"') for name in first.split(self.sep)] or None
+        record = json.loads(first)
+        return [str(key) for key in record] if isinstance(record, dict) else None
 
     def attach(self, run: SourceRun) -> None:
         self.name = run.name
@@ -350,6 +371,11 @@ class FileSource(Source):
             else:
                 self._parser = parsing.text_parser()
         return self._parser
+
+
+_FIRST_LINE_LIMIT = 64 * 1024
+"""How much of a file's first line names its fields for a warning: a long line is cut (and then
+not parsed); enough for any record whose keys are worth listing."""
 
 
 def _legacy_taken(record: Mapping[str, Any], listing: list[str]) -> int:

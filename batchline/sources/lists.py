@@ -19,6 +19,7 @@ from pyspark.sql.types import StructType
 from batchline.errors import BatchlineError
 from batchline.sources.index_range import IndexRangeSource
 from batchline.sources.source import BatchTimes, Position, SourceBatch, SourceRun, Split
+from batchline.state.schema import as_struct
 
 __all__ = ["ListSource", "END", "Abort", "AbortedForTest"]
 
@@ -54,9 +55,9 @@ class ListSource(IndexRangeSource):
     Its position is the next item's index (``{"next": n}``); a batch is a range of items,
     whose rows Spark is handed as they are (``frame``)."""
 
-    def __init__(self, items: Sequence[Any], schema: StructType, bounded: bool = False) -> None:
+    def __init__(self, items: Sequence[Any], schema: StructType | str | type, bounded: bool = False) -> None:
         self.items = items
-        self.row_schema = schema
+        self.row_schema = as_struct(schema, "the schema of list_stream")
         self.bounded = bounded
         self.name = "list"
 

@@ -13,6 +13,7 @@ from pyspark.sql.types import StructType
 
 from batchline.errors import ConfigurationError, SourceError
 from batchline.sources.source import BatchTimes, Position, Source, SourceBatch, SourceRun, Split
+from batchline.state.schema import as_struct
 
 __all__ = ["QueueSource"]
 
@@ -32,14 +33,14 @@ class QueueSource(Source):
 
     counted = False
 
-    def __init__(self, frames: Iterable[DataFrame], schema: StructType | None = None,
+    def __init__(self, frames: Iterable[DataFrame], schema: StructType | str | type | None = None,
                  one_at_a_time: bool = True) -> None:
         self._queue: collections.deque[DataFrame] = collections.deque(frames)
         if schema is None:
             if not self._queue:
                 raise ConfigurationError("queue_stream needs a schema when it starts with no DataFrames; pass schema=")
             schema = self._queue[0].schema
-        self.row_schema = schema
+        self.row_schema = as_struct(schema, "the schema of queue_stream")
         self.one_at_a_time = one_at_a_time
         self._lock = threading.Lock()
         self._taken: dict[int, DataFrame] = {}

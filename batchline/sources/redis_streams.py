@@ -44,6 +44,7 @@ from pyspark.sql.types import (
 from batchline.clock import Clock, SystemClock
 from batchline.errors import ConfigurationError, SourceError
 from batchline.sources.source import DeadLetter, Position, Source, SourceBatch, Split
+from batchline.state.schema import as_struct
 
 __all__ = ["RedisStreamSource", "DEFAULT_SPLIT_SIZE", "redacted_url"]
 
@@ -102,7 +103,7 @@ class RedisStreamSource(Source):
     dead letter; fields the schema does not name are ignored)."""
 
     def __init__(self, url: str, streams: Sequence[str], *, max_records_per_batch: int | None = None,
-                 schema: StructType | None = None, bounded: bool = False, start: str = "earliest",
+                 schema: StructType | str | type | None = None, bounded: bool = False, start: str = "earliest",
                  split_size: int = DEFAULT_SPLIT_SIZE, retry_timeout_s: float = 60.0,
                  clock: Clock | None = None) -> None:
         if isinstance(streams, str) or not streams or not all(isinstance(s, str) and s for s in streams):
@@ -125,7 +126,7 @@ class RedisStreamSource(Source):
         self.split_size = split_size
         self.retry_timeout_s = retry_timeout_s
         self.clock = clock or SystemClock()
-        self.fields_schema = schema
+        self.fields_schema = schema = None if schema is None else as_struct(schema, "the schema of redis_stream")
         self._parse = _entry_parser(schema)
         self._columns = _arrow_columns(schema)
         self._client: Any = None

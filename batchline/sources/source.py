@@ -141,6 +141,11 @@ class Source(ABC):
     counted: bool = True
     """False for a source whose rows the engine should not count (a queue of the user's
     DataFrames: counting would run their plans once more); its records show as unknown."""
+    reads_fields_by_name: bool = False
+    """True for a source that finds each column in its records by name (JSON and CSV files):
+    a field the records spell otherwise is null in every row, not an error, so the engine
+    counts each column's values in the job that counts the rows and names a column null in
+    every good row of a batch at WARN, once per run."""
 
     @abstractmethod
     def schema(self) -> StructType:
@@ -197,6 +202,11 @@ class Source(ABC):
         The frame has ``schema()``'s columns; one that parses records may add the dead-letter
         columns of ``batchline.sources.parsing`` (``RAW`` and ``REASON``, null for a good row,
         and ``SOURCE_FILE``, where a bad record came from): the engine counts and routes them."""
+        return None
+
+    def record_fields(self, batch: SourceBatch) -> list[str] | None:
+        """The field names the batch's records hold, if cheap to learn on the driver (the
+        first record's), for the warning about a column null in every row; None: unknown."""
         return None
 
     def attach(self, run: SourceRun) -> None:  # noqa: B027 (optional hook)

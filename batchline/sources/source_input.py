@@ -30,6 +30,7 @@ from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLet
 from batchline.sources.parsing import DEAD_LETTER_SCHEMA, RAW, REASON, SOURCE_FILE
 from batchline.sources.source import BatchTimes, DeadLetter, Position, Source, SourceBatch, SourceRun, Split
 from batchline.spark import forget_accumulator
+from batchline.state.schema import as_struct
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
 from batchline.streams.base import ArrowFunction
 
@@ -53,9 +54,7 @@ class SourceInput(InputNode):
         if type(source).plan is Source.plan and type(source).plan_at is Source.plan_at:
             raise ConfigurationError(f"{type(source).__name__} does not say what a batch takes: implement plan() "
                                      "(or plan_at(), for batches that depend on stream time)")
-        schema = source.schema()
-        if not isinstance(schema, StructType):
-            raise ConfigurationError(f"{type(source).__name__}.schema() must return a StructType; got {schema!r}")
+        schema = as_struct(source.schema(), f"what {type(source).__name__}.schema() returns")
         super().__init__(name, batch_interval_ms, bounded=source.bounded)
         self.source = source
         self.schema = schema
@@ -84,6 +83,10 @@ class SourceReader(InputRuntime, DeadLetterReader):
         tasks counted."""
         self._native: set[int] = set()
         """Batches Spark reads natively (``Source.frame``): no split is read in Python."""
+        self._null_fields_named: set[str] = set()
+        """The columns already named at WARN as null in every row of a batch (once per run)."""
+        self._fields_with_values: set[str] = set()
+        """The columns that had a value in some row of this run: never named as misspelt."""
 
     @functools.cached_property
     def _columns(self) -> list[Column]:
@@ -92,9 +95,39 @@ class SourceReader(InputRuntime, DeadLetterReader):
 
     @functools.cached_property
     def _metrics(self) -> list[Column]:
-        """What the observation of a counted batch counts: good rows and dead letters."""
-        return [F.count(F.when(F.col(REASON).isNull(), 1)).alias("records"),
-                F.count(F.col(REASON)).alias("dead_letters")]
+        """What the observation of a counted batch counts: good rows and dead letters, and, for
+        a source that finds its columns by name, each column's values among the good rows (in
+        the same job: a misspelt field costs no job of its own to notice)."""
+        good = F.col(REASON).isNull()
+        fields = [F.count(F.when(good, F.col(name))).alias(f"{_VALUES}{i}")
+                  for i, name in enumerate(self.node.schema.fieldNames())] if self.source.reads_fields_by_name else []
+        return [F.count(F.when(good, 1)).alias("records"), F.count(F.col(REASON)).alias("dead_letters"), *fields]
+
+    def _warn_of_null_fields(self, batch: SourceBatch, observed: dict[str, Any]) -> None:
+        """Name at WARN, once per field for the run, a column null in every good row of the
+        batch that had no value in any batch before: its records probably spell the field
+        otherwise (``uid`` in the schema, ``user`` in the files), and every row would go on
+        with a null there. A column that had a value once is optional, not misspelt."""
+        names = self.node.schema.fieldNames()
+        counts = {name: int(observed.get(f"{_VALUES}{i}", 1)) for i, name in enumerate(names)}
+        self._fields_with_values.update(name for name, values in counts.items() if values)
+        empty = [name for name, values in counts.items()
+                 if not values and name not in self._fields_with_values and name not in self._null_fields_named]
+        if not empty:
+            return
+        self._null_fields_named.update(empty)
+        files = [str(name).rsplit("/", 1)[-1] for name in batch.info.get("files", ())]
+        where = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "") if files \
+            else "the batch"
+        try:
+            found = self.source.record_fields(batch)
+        except Exception as error:  # noqa: BLE001 - only a hint for a warning
+            logger.debug("Input %s: could not learn the records' fields: %s", self.name, error)
+            found = None
+        hint = (f"the files probably spell it otherwise (their fields: {', '.join(found)})" if found
+                else "check its spelling against the records' fields")
+        for name in empty:
+            logger.warning("Input %r: field %r is null in every row of %s; %s", self.name, name, where, hint)
 
     # ---------------------------------------------------------------- positions
     def open(self) -> None:
@@ -305,7 +338,10 @@ class SourceReader(InputRuntime, DeadLetterReader):
         else:
             if not read.counted():
                 read.frame.count()  # no job read every row (every reader had finished): count now
-            good, bad = int(read.counts.get["records"]), int(read.counts.get["dead_letters"])
+            observed = read.counts.get
+            good, bad = int(observed["records"]), int(observed["dead_letters"])
+            if good and self.source.reads_fields_by_name:
+                self._warn_of_null_fields(batch, observed)
         self.report(batch_time, good, dead_letters=bad, metadata=dict(batch.info))
         if bad and self.node.dead_letters.node_id not in self.env.consumed:
             rows = self.dead_letter_frame(batch_time).limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
@@ -326,6 +362,10 @@ class SourceReader(InputRuntime, DeadLetterReader):
         return read.frame.where(F.col(REASON).isNotNull()).select(
             F.col(RAW).alias("raw_record"), F.col(REASON).alias("reason"), where.alias("source"),
             F.lit(format_batch_time(batch_time)).alias("batch_time"))
+
+
+_VALUES = "values_of_column_"
+"""The prefix of the observation's per-column counts (by the column's index: any name fits)."""
 
 
 def _shown(position: Position) -> str:

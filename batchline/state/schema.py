@@ -43,7 +43,7 @@ from pyspark.sql.types import (
 
 from batchline.errors import BatchlineError, ConfigurationError
 
-__all__ = ["RowSchema", "StateSchemaError", "MISSING"]
+__all__ = ["RowSchema", "StateSchemaError", "MISSING", "as_struct", "SCHEMA_FORMS"]
 
 MISSING = dataclasses.MISSING
 
@@ -243,6 +243,30 @@ def parse_ddl(text: str) -> DataType:
             f"simple, array, map, struct and decimal types; stopped at {error}); give a dataclass or a "
             "StructType instead, or start a Spark session first"
         ) from None
+
+
+SCHEMA_FORMS = ("a StructType, a DDL string like 'uid string, ts timestamp', or a dataclass "
+                "(its fields' types become the columns)")
+"""The three ways any schema argument may be given, as error messages name them."""
+
+
+def as_struct(declared: Any, argument: str) -> StructType:
+    """A schema argument (a ``StructType``, a DDL string or a dataclass) as a ``StructType``;
+    anything else, or a DDL string that does not parse, is refused naming ``argument``."""
+    if isinstance(declared, StructType):
+        return declared
+    try:
+        return RowSchema.of(declared).struct
+    except Exception as error:  # noqa: BLE001 - Spark's DDL parser raises its own errors for malformed text
+        detail = _short_detail(error) if isinstance(declared, str) else ""
+        raise ConfigurationError(
+            f"{argument} must be {SCHEMA_FORMS}; got {declared!r}{detail}") from None
+
+
+def _short_detail(error: BaseException) -> str:
+    """What a schema parser said, on one line, as a suffix for a message."""
+    first = (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return f" ({first[:200]})"
 
 
 def as_python(column: pa.ChunkedArray | pa.Array) -> list[Any]:

@@ -15,8 +15,11 @@ __all__ = ["StreamGraph"]
 
 
 class StreamGraph:
-    def __init__(self, batch_interval_ms: int, remember_ms: int | None = None) -> None:
+    def __init__(self, batch_interval_ms: int, remember_ms: int | None = None, *, checkpointed: bool = True) -> None:
         self.batch_interval_ms = batch_interval_ms
+        self.checkpointed = checkpointed
+        """Whether the pipeline has a checkpoint location: without one, ``validate`` refuses what
+        needs one (an output that writes outside the process, a stateful operator)."""
         self.remember_ms = remember_ms
         """How long every output's stream keeps its DataFrames at least (``remember=``)."""
         self.inputs: list[InputNode] = []
@@ -70,6 +73,30 @@ class StreamGraph:
                 "the pipeline has no output operation, so no batch would ever run; add one, "
                 "e.g. stream.foreach_batch(fn), stream.console() or stream.write_files(path)"
             )
+        if not self.checkpointed:
+            self._refuse_without_checkpoint()
+
+    def _refuse_without_checkpoint(self) -> None:
+        """Without a checkpoint location every run starts from the beginning of its inputs:
+        an output that writes outside the process would write again what an earlier run wrote,
+        and a stateful operator has nowhere to keep its state."""
+        outputs = [f"{op.name!r} ({type(op.sink).__name__})" for op in self.outputs if op.sink.needs_checkpoint]
+        consumed = self.consumed()
+        stateful = [getattr(node, "name", repr(node)) for node in self.nodes()
+                    if node.node_id in consumed and node.checkpoint_claim() is not None]
+        problems = []
+        if outputs:
+            problems.append(f"output(s) {', '.join(outputs)} write outside this process, and without a checkpoint "
+                            "location every run starts from the beginning of its inputs and writes again what an "
+                            "earlier run wrote")
+        if stateful:
+            problems.append(f"stateful operator(s) {', '.join(repr(n) for n in stateful)} keep their state at the "
+                            "checkpoint location")
+        if problems:
+            raise ConfigurationError(
+                f"the pipeline needs a checkpoint location: {'; '.join(problems)}. Create the context with "
+                'StreamingContext(..., checkpoint="a local path or s3://..."): a rerun with the same location goes '
+                "on where the last run stopped and writes nothing twice")
 
     def nodes(self) -> list[StreamNode]:
         """Every input and every node an output reads, parents before children, in build order."""

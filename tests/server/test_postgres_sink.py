@@ -123,7 +123,7 @@ def test_values_of_every_supported_type_arrive_as_they_were(spark, postgres_serv
 
 
 def test_a_stream_that_does_not_fit_the_table_is_refused_naming_each_column(spark, postgres_server, table, tmp_path):
-    ssc = StreamingContext(spark, "200ms")
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(tmp_path / "checkpoint"))
     schema = StructType([StructField("key", LongType()), StructField("value", LongType()),
                          StructField("extra", StringType())])
     list_stream(ssc, [[(1, 2, "x")], END], schema, bounded=True).write_postgres(postgres_server.dsn, table)

@@ -163,7 +163,7 @@ def test_parquet_input_and_both_file_outputs_are_clean_for_plain_readers(pipelin
     frame.to_parquet(incoming / "part.parquet", index=False)
     os.utime(incoming / "part.parquet", (0, 0))
     out_parquet, out_json = tmp_path / "out-parquet", tmp_path / "out-json"
-    ssc, recorder = pipeline()
+    ssc, recorder = pipeline(checkpoint=str(tmp_path / "checkpoint"))
     stream = ssc.file_stream(str(incoming), "parquet", SCHEMA)
     repartitioned = stream.transform(lambda df: df.repartition(4))
     repartitioned.write_files(str(out_parquet))
