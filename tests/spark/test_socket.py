@@ -11,7 +11,9 @@ from tests.helpers import LineServer
 
 def test_graceful_stop_processes_every_line_sent_before_it(spark):
     server = LineServer()
-    ssc = StreamingContext(spark, "500ms")
+    # The stop's wait is not what this test is about: a cold first batch on a loaded machine
+    # can take longer than the default ten intervals.
+    ssc = StreamingContext(spark, "500ms", graceful_stop_timeout="60s")
     recorder = BatchRecorder()
     ssc.add_listener(recorder)
     lines = ssc.socket_text_stream("127.0.0.1", server.port, block_interval="100ms")
