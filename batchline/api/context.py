@@ -138,13 +138,6 @@ class StreamingContext(InputMethods):
             raise ConfigurationError("union needs at least one stream")
         return streams[0].union(*streams[1:])
 
-    def _check_can_add(self) -> None:
-        if self.state is not ContextState.INITIALIZED:
-            raise ContextStateError(
-                f"cannot add inputs to a {self.state.value} streaming context; build the whole "
-                "pipeline before start()"
-            )
-
     # ---------------------------------------------------------------- listeners
     def add_listener(self, listener: StreamingListener) -> None:
         self._run.listener_bus.add(listener)

@@ -36,10 +36,6 @@ class InputMethods:
     batch_interval_ms: int
     graph: StreamGraph
 
-    def _check_can_add(self) -> None:
-        """Refuse a new input once the pipeline has started (the context says so)."""
-        raise NotImplementedError
-
     def file_stream(
         self,
         path: str,
@@ -150,7 +146,6 @@ class InputMethods:
         return InputStream(self._add_input(source, name or type(source).__name__), self.graph)
 
     def _add_input(self, source: Source, name: str) -> SourceInput:
-        self._check_can_add()
         node = SourceInput(source, name, self.batch_interval_ms)
         self.graph.add_input(node)
         return node

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 
-from batchline.errors import ConfigurationError, NoOutputOperationError
+from batchline.errors import ConfigurationError, ContextStateError, NoOutputOperationError
 from batchline.sinks.sink import Sink
 from batchline.streams.base import Readers, StreamNode
 from batchline.streams.inputs import InputNode
@@ -26,10 +26,18 @@ class StreamGraph:
         self.outputs: list[OutputOperation] = []
         self._claims: dict[tuple[str, str], StreamNode] = {}
         self._lock = threading.Lock()
+        self._started = False
+        """Set by ``validate`` at start: the running pipeline is the graph as it was then."""
+
+    def _check_not_started(self, what: str) -> None:
+        if self._started:
+            raise ContextStateError(f"cannot add {what} to a pipeline that has started; build the whole "
+                                    "pipeline before start()")
 
     def add_input(self, node: InputNode) -> InputNode:
         """Register an input; its name becomes unique ("queue", "queue-2", ...): checkpoints
         find inputs by name."""
+        self._check_not_started("an input")
         with self._lock:
             node.name = _unique(node.name, {s.name for s in self.inputs})
             node.input_id = len(self.inputs)
@@ -42,6 +50,7 @@ class StreamGraph:
             raise ConfigurationError(
                 f"an output takes a batchline.Sink; got {sink!r}. Subclass batchline.Sink (write(df, batch)), "
                 "or pass a function to stream.foreach_batch(fn)")
+        self._check_not_started("an output")
         with self._lock:
             operation = OutputOperation(_unique(name, {op.name for op in self.outputs}), node, sink)
             self.outputs.append(operation)
@@ -75,6 +84,7 @@ class StreamGraph:
             )
         if not self.checkpointed:
             self._refuse_without_checkpoint()
+        self._started = True
 
     def _refuse_without_checkpoint(self) -> None:
         """Without a checkpoint location every run starts from the beginning of its inputs:
@@ -82,8 +92,8 @@ class StreamGraph:
         and a stateful operator has nowhere to keep its state."""
         outputs = [f"{op.name!r} ({type(op.sink).__name__})" for op in self.outputs if op.sink.needs_checkpoint]
         consumed = self.consumed()
-        stateful = [getattr(node, "name", repr(node)) for node in self.nodes()
-                    if node.node_id in consumed and node.checkpoint_claim() is not None]
+        stateful = [claim[1] for node in self.nodes()
+                    if node.node_id in consumed and (claim := node.checkpoint_claim()) is not None]
         problems = []
         if outputs:
             problems.append(f"output(s) {', '.join(outputs)} write outside this process, and without a checkpoint "

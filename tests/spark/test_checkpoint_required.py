@@ -7,7 +7,7 @@ import os
 import pyarrow.dataset as ds
 import pytest
 
-from batchline import ConfigurationError, StreamingContext
+from batchline import ConfigurationError, ContextStateError, StreamingContext
 from batchline.testing import BatchRecorder, CollectSink
 from tests.helpers import Count, running_count, wait_for
 
@@ -76,3 +76,17 @@ def test_two_runs_over_the_same_input_with_one_location_write_each_row_once(spar
     wait_for(lambda: len(recorder.completed) >= 3, "three batches of the second run", timeout_s=60)
     second.stop(graceful=True)
     assert written() == [1, 2, 3]
+
+
+def test_nothing_is_added_to_a_pipeline_once_it_has_started(spark, tmp_path):
+    ssc = StreamingContext(spark, "300ms")
+    events = ssc.file_stream(str(tmp_path), "json", SCHEMA)
+    events.foreach_batch(CollectSink())
+    ssc.start()
+    try:
+        with pytest.raises(ContextStateError, match="cannot add an input to a pipeline that has started"):
+            ssc.file_stream(str(tmp_path), "json", SCHEMA, name="late")
+        with pytest.raises(ContextStateError, match="cannot add an output to a pipeline that has started"):
+            events.console()
+    finally:
+        ssc.stop(graceful=False)
