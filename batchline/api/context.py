@@ -77,9 +77,9 @@ class StreamingContext(InputMethods):
     logs ``Stopping gracefully on SIGTERM: ...`` and stops gracefully, a second one stops at
     once (running batches cancelled; they run again at the next start), and the call returns
     True once stopped, so the code after it runs. A handler the script installed itself for
-    either signal is left as it is (only Python's defaults, or an ignored signal, count as not
-    installed: an ignored signal stays ignored); the previous handlers come back when the wait
-    returns.
+    either signal is left as it is (only Python's defaults and the one a SparkContext installs,
+    which cancels every job and raises KeyboardInterrupt, count as not installed; an ignored
+    signal stays ignored); the previous handlers come back when the wait returns.
 
     ``keep_workers_warm`` (default True): Spark stops Python workers that ran no task for a
     minute, and the next batch with work (a timer firing after a quiet spell) would fork and

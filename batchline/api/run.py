@@ -61,6 +61,15 @@ _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
+def _not_the_scripts_own(handler: object) -> bool:
+    """Python's default handling, or the handler a SparkContext installs on the main thread
+    (it cancels every Spark job and raises KeyboardInterrupt): nothing the script chose."""
+    if handler in (signal.SIG_DFL, signal.default_int_handler):
+        return True
+    return getattr(handler, "__module__", "").startswith("pyspark.") and \
+        getattr(handler, "__name__", "") == "signal_handler"
+
+
 def _make_logs_visible() -> None:
     """A script that configured no logging would see none of the pipeline's lines (Python
     prints only warnings then): give the ``batchline`` logger one stderr handler at INFO. Any
@@ -283,15 +292,14 @@ class PipelineRun:
     @contextmanager
     def _stop_on_signals(self) -> Iterator[None]:
         """While the main thread waits, SIGINT and SIGTERM stop the pipeline: the first
-        gracefully, the next at once. Only signals left to Python's defaults are taken (a
-        handler the script installed is its own; an ignored signal stays ignored); the handlers
-        before come back when the wait ends."""
+        gracefully, the next at once. Only signals left to Python's defaults or to PySpark's
+        are taken (a handler the script installed is its own; an ignored signal stays ignored);
+        the handlers before come back when the wait ends."""
         if threading.current_thread() is not threading.main_thread():
             yield
             return
         previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
-        taken = [sig for sig, handler in previous.items()
-                 if handler in (signal.SIG_DFL, signal.default_int_handler)]
+        taken = [sig for sig, handler in previous.items() if _not_the_scripts_own(handler)]
         for sig in taken:
             signal.signal(sig, self._on_signal)
         try:
