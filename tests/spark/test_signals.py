@@ -25,11 +25,11 @@ pytestmark = pytest.mark.spark  # each pipeline starts Spark in its own process
 
 PIPELINE = '''
 import sys
-import time
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from batchline import StreamingContext
+from batchline.scheduler.listener import StreamingListener
 from batchline.spark import local_spark_session
 
 source, out, checkpoint, mode = sys.argv[1:5]
@@ -38,9 +38,22 @@ ssc = StreamingContext(spark, "500ms", checkpoint=checkpoint, name="signals", lo
 schema = StructType([StructField("user", StringType()), StructField("n", LongType())])
 ssc.file_stream(source, "json", schema=schema, settle=0).write_files(out, "json", name="out")
 ssc.start()
-while len(ssc.recent_progress) < 2:  # two batches finished: the test may signal now
-    time.sleep(0.1)
-print("ready", flush=True)
+
+
+class Ready(StreamingListener):
+    """Two batches of this run finished, long after the main thread began to wait: the test may
+    signal now."""
+
+    def __init__(self):
+        self.batches = 0
+
+    def on_batch_completed(self, info):
+        self.batches += 1
+        if self.batches == 2:
+            print("ready", flush=True)
+
+
+ssc.add_listener(Ready())
 stopped = ssc.await_termination()
 print(f"after await_termination: {stopped}", flush=True)
 spark.stop()
