@@ -18,6 +18,7 @@ batch; the measuring process reads them.
 
 from __future__ import annotations
 
+import logging
 import sys
 import threading
 import time
@@ -88,8 +89,8 @@ def run_batchline(input_dir: str, output_dir: str, checkpoint: str, files_per_ba
     class Marks(logging.Handler):
         """``log <epoch s> <message>`` for the lines that mark phases of the run."""
 
-        PREFIXES = ("StreamingContext started", "Starting job", "Pipeline finished", "Final checkpoint written",
-                    "StreamingContext stopped", "Bounded input", "Operator ", "Input ", "Generating jobs",
+        PREFIXES = ("Pipeline ", "Starting job", "Final checkpoint written",
+                    "Bounded input", "Operator ", "Input ", "Generating jobs",
                     "Generated ")
 
         def emit(self, record: logging.LogRecord) -> None:

@@ -63,6 +63,24 @@ class StreamingContext(InputMethods):
     application's name). With a checkpoint location, ``batchline stop LOCATION`` from any
     terminal stops the pipeline; it looks for the request every batch interval (at most 2 s).
 
+    What it logs (logger ``batchline``): at ``start()`` one INFO line saying what runs and
+    where (the name, the checkpoint location, whether it starts fresh or resumes and how the
+    last run there ended, the dashboard and metrics addresses), then one INFO line per finished
+    batch (``log_batches=False`` turns these off; a failed batch's line is a WARNING), restart
+    messages, the stop line and warnings; the scheduler's detail is at DEBUG. When neither the
+    ``batchline`` logger nor the root logger has a handler (a script that configured no
+    logging), ``start()`` gives ``batchline`` one handler to stderr at INFO, so these lines show;
+    configure logging first to route them elsewhere.
+
+    Stopping: ``await_termination()`` and ``run_until_finished()``, called on the main thread,
+    turn SIGINT (Ctrl-C) and SIGTERM into a graceful stop while they wait: the first signal
+    logs ``Stopping gracefully on SIGTERM: ...`` and stops gracefully, a second one stops at
+    once (running batches cancelled; they run again at the next start), and the call returns
+    True once stopped, so the code after it runs. A handler the script installed itself for
+    either signal is left as it is (only Python's defaults and the one a SparkContext installs,
+    which cancels every job and raises KeyboardInterrupt, count as not installed; an ignored
+    signal stays ignored); the previous handlers come back when the wait returns.
+
     ``keep_workers_warm`` (default True): Spark stops Python workers that ran no task for a
     minute, and the next batch with work (a timer firing after a quiet spell) would fork and
     import anew; so while no batch reads rows or calls a state function, the context runs a
@@ -93,6 +111,7 @@ class StreamingContext(InputMethods):
         dashboard_host: str = "127.0.0.1",
         progress_records: int = DEFAULT_RECENT_PROGRESS,
         keep_workers_warm: bool = True,
+        log_batches: bool = True,
     ) -> None:
         self.spark = spark
         self.settings = ContextSettings.of(
@@ -101,7 +120,7 @@ class StreamingContext(InputMethods):
             checkpoint_storage_options=checkpoint_storage_options, lease_ttl=lease_ttl, retry=retry,
             max_batches_ahead=max_batches_ahead, metrics_port=metrics_port, metrics_host=metrics_host,
             dashboard_port=dashboard_port, dashboard_host=dashboard_host, progress_records=progress_records,
-            keep_workers_warm=keep_workers_warm)
+            keep_workers_warm=keep_workers_warm, log_batches=log_batches)
         self.batch_interval_ms = self.settings.batch_interval_ms
         self.clock = clock or SystemClock()
         self.graph = StreamGraph(self.batch_interval_ms,

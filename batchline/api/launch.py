@@ -52,4 +52,4 @@ def ship_py_files(spark: SparkSession) -> None:
                 continue
             shipped.add(path)
         context.addPyFile(path)
-        logger.info("Shipped %s to the executors", path)
+        logger.debug("Shipped %s to the executors", path)

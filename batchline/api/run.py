@@ -8,8 +8,13 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import signal
+import sys
 import threading
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from types import FrameType
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -23,8 +28,17 @@ from batchline.checkpoint.manager import CheckpointManager
 from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
 from batchline.errors import ConfigurationError, ContextStateError
-from batchline.observe.control import StopHow, StopOutcome, StopRequest, StopWatcher
+from batchline.observe.control import (
+    StopHow,
+    StopOutcome,
+    StopRequest,
+    StopWatcher,
+    read_stop_outcome,
+    record_stop_outcome,
+)
 from batchline.observe.observers import PipelineObservers
+from batchline.observe.status import last_run_ended
+from batchline.observe.summary import BatchSummaryLogger
 from batchline.recovery import BatchCommit
 from batchline.scheduler.executors import ExecutorMonitor
 from batchline.scheduler.input_info import InputInfoTracker
@@ -42,6 +56,32 @@ logger = logging.getLogger(__name__)
 
 _LISTENER_FLUSH_S = 5.0
 """How long a stop waits for listeners to handle the events of the last batches."""
+
+_LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _not_the_scripts_own(handler: object) -> bool:
+    """Python's default handling, or the handler a SparkContext installs on the main thread
+    (it cancels every Spark job and raises KeyboardInterrupt): nothing the script chose."""
+    if handler in (signal.SIG_DFL, signal.default_int_handler):
+        return True
+    return getattr(handler, "__module__", "").startswith("pyspark.") and \
+        getattr(handler, "__name__", "") == "signal_handler"
+
+
+def _make_logs_visible() -> None:
+    """A script that configured no logging would see none of the pipeline's lines (Python
+    prints only warnings then): give the ``batchline`` logger one stderr handler at INFO. Any
+    handler on it or on the root logger means logging is configured, and it is left alone."""
+    package = logging.getLogger("batchline")
+    if package.handlers or logging.getLogger().handlers:
+        return
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter(_LOG_FORMAT))
+    package.addHandler(handler)
+    if package.level == logging.NOTSET:
+        package.setLevel(logging.INFO)
 
 
 class ContextState(enum.Enum):
@@ -86,6 +126,13 @@ class PipelineRun:
         self._stop_requests_lock = threading.Lock()
         self._started_at_ms: int | None = None
         self._keep_warm: KeepWorkersWarm | None = None
+        self._where = "no checkpoint location: it starts fresh every run"
+        """Where it runs, for the start line: the location, and whether it resumes or starts fresh."""
+        self._at_once = threading.Event()
+        """A second signal (or ``stop_at_once``) cut a graceful stop short."""
+        self._signals = 0
+        if settings.log_batches:
+            self.listener_bus.add(BatchSummaryLogger())
 
     # ---------------------------------------------------------------- starting
     def start(self) -> None:
@@ -100,9 +147,14 @@ class PipelineRun:
                 raise ConfigurationError(
                     "stateful operators build each batch on the previous one; use concurrent_jobs=1"
                 )
+            _make_logs_visible()
             ship_py_files(self.spark)
             warm_up(self.spark)  # in the background, while the checkpoint is read
-            checkpoint = self._open_checkpoints()
+            try:
+                checkpoint = self._open_checkpoints()
+            except BaseException as error:
+                self._start_refused(error)
+                raise
             if checkpoint is not None and self._already_finished(checkpoint):
                 self.state = ContextState.STOPPED
                 self._terminated.set()
@@ -110,10 +162,9 @@ class PipelineRun:
             self._adaptive = _AdaptiveExecutionOff(self.spark)
             try:
                 self._start_running(checkpoint)
-            except BaseException:
+            except BaseException as error:
                 self._adaptive.restore()
-                if self.checkpoints is not None:
-                    self.checkpoints.close()
+                self._start_refused(error)
                 raise
             self.state = ContextState.ACTIVE
             self._started_at_ms = self.clock.now_ms()
@@ -121,20 +172,47 @@ class PipelineRun:
                 self._keep_warm = KeepWorkersWarm.for_session(self.spark)
                 self.listener_bus.add(self._keep_warm)
                 self._keep_warm.start()
-        logger.info("StreamingContext started (batch interval %d ms)", self.settings.batch_interval_ms)
+        logger.info("%s", self._start_line())
+
+    def _start_line(self) -> str:
+        parts = [f"Pipeline {self.name} started, batches every {self.settings.batch_interval_ms} ms",
+                 self._where]
+        if self.observers.dashboard_url:
+            parts.append(f"dashboard {self.observers.dashboard_url}")
+        if self.observers.metrics_url:
+            parts.append(f"metrics {self.observers.metrics_url}")
+        return "; ".join(parts)
+
+    def _start_refused(self, error: BaseException) -> None:
+        """The start failed while holding the lease (a refused state-schema change, a changed
+        partition count, an unreadable checkpoint): record it at the location, as a stop is,
+        so that ``batchline status`` names it; then give the lease up."""
+        if self.checkpoints is None:
+            return
+        lease = self.checkpoints.lease
+        if lease.token is not None:
+            record_stop_outcome(self.checkpoints.storage, StopOutcome(
+                "", lease.holder, StopHow.FAILED.value, self.clock.now_ms(), None, [],
+                f"start refused: {str(error) or type(error).__name__}"))
+        self.checkpoints.close()
 
     def _open_checkpoints(self) -> Checkpoint | None:
         """Take the location's lease and load its newest checkpoint (None: start fresh)."""
         if self.settings.checkpoint is None:
             return None
         self.checkpoints = CheckpointManager(self.settings.checkpoint, self.clock, self.lifecycle.checkpoint_written)
-        checkpoint = self.checkpoints.open()
         storage = self.checkpoints.storage
+        # How the last run ended, read before this driver's lease and stop record replace it.
+        ended = last_run_ended(self.checkpoints.lease.read(), read_stop_outcome(storage))
+        checkpoint = self.checkpoints.open()
         if checkpoint is None:
-            # Spark's restart without a checkpoint failed (the seed's NPE); here it starts fresh, and says so.
+            # Spark's restart without a checkpoint failed; here it starts fresh, and says so.
             leftovers = [name for name in storage.list_names("") if name != LEASE_FILE]
-            logger.log(logging.WARNING if leftovers else logging.INFO, "No checkpoint in %s; starting fresh",
+            logger.log(logging.WARNING if leftovers else logging.DEBUG, "No checkpoint in %s; starting fresh",
                        storage.url)
+        where = (f"resuming from batch {format_batch_time(checkpoint.time)}" if checkpoint is not None
+                 else "starting fresh")
+        self._where = f"checkpoint {storage.url}: {where}" + (f"; the last run {ended}" if ended else "")
         return checkpoint
 
     def _already_finished(self, checkpoint: Checkpoint) -> bool:
@@ -205,10 +283,53 @@ class PipelineRun:
     def await_termination(self, timeout: float | None) -> bool:
         if self.state is ContextState.INITIALIZED:
             raise ContextStateError("await_termination() before start(); call start() first")
-        stopped = self._terminated.wait(timeout)
+        with self._stop_on_signals():
+            stopped = self._terminated.wait(timeout)
         if self.error is not None:
             raise self.error
         return stopped
+
+    @contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """While the main thread waits, SIGINT and SIGTERM stop the pipeline: the first
+        gracefully, the next at once. Only signals left to Python's defaults or to PySpark's
+        are taken (a handler the script installed is its own; an ignored signal stays ignored);
+        the handlers before come back when the wait ends."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.getsignal(sig) for sig in _STOP_SIGNALS}
+        taken = [sig for sig, handler in previous.items() if _not_the_scripts_own(handler)]
+        for sig in taken:
+            signal.signal(sig, self._on_signal)
+        try:
+            yield
+        finally:
+            for sig in taken:
+                signal.signal(sig, previous[sig])
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        self._signals += 1
+        if self._signals == 1:
+            logger.warning("Stopping gracefully on %s: finishing received data and running batches (again to stop "
+                           "at once)", name)
+            stop = threading.Thread(target=self.stop, kwargs={"graceful": True}, name="batchline-stop-on-signal",
+                                    daemon=True)
+        elif self._signals == 2:
+            logger.warning("Stopping at once on %s: cancelling running batches; they were not committed, so the "
+                           "next start runs them", name)
+            stop = threading.Thread(target=self.stop_at_once, name="batchline-stop-on-signal", daemon=True)
+        else:
+            return
+        stop.start()
+
+    def stop_at_once(self) -> None:
+        """Stop immediately; when a graceful stop is under way, cut its waits short instead."""
+        self._at_once.set()
+        if self.generator is not None:
+            self.generator.cut_short()
+        self.stop(graceful=False)
 
     # ---------------------------------------------------------------- stopping
     def stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False) -> None:
@@ -233,6 +354,7 @@ class PipelineRun:
         try:
             self.pipeline.stop_inputs(graceful)
             drained = self.generator.stop(process_received_data=graceful)
+            graceful = graceful and not self._at_once.is_set()  # a second signal came during the wait
             unfinished = self.scheduler.shutdown(graceful)
             if final:
                 self._write_final_checkpoint()
@@ -253,10 +375,10 @@ class PipelineRun:
                     self._adaptive.restore()
                 self.observers.stop()
                 self.listener_bus.close()
+                logger.info("Pipeline %s stopped (%s)", self.name, how.value)
                 self._terminated.set()
                 if stop_spark_session:
                     self.spark.stop()
-        logger.info("StreamingContext stopped")
 
     def _pipeline_finished(self, batch_time: int) -> None:
         """Every output's stream finished as of ``batch_time`` (committed): stop, then write the
@@ -297,7 +419,7 @@ class PipelineRun:
             if answered is None:
                 self._stop_requests.append(request)
         if answered is not None:
-            self._report_stop(request, *answered)
+            self._report_stop(request.request_id, *answered)
             return
         threading.Thread(target=self.stop, kwargs={"graceful": not request.immediate},
                          name="batchline-stop-request", daemon=True).start()
@@ -306,17 +428,20 @@ class PipelineRun:
         with self._stop_requests_lock:
             self._stopped_how = (how, unfinished)
             requests, self._stop_requests = self._stop_requests, []
-        for request in requests:
-            self._report_stop(request, how, unfinished)
+        # One record per request (each requester waits for its own), and one when nobody asked
+        # (a signal, stop(), a failure), so that the location always says how this run ended.
+        for request_id in [r.request_id for r in requests] or [""]:
+            self._report_stop(request_id, how, unfinished)
         if self._stop_watcher is not None:
             self._stop_watcher.close()
 
-    def _report_stop(self, request: StopRequest, how: StopHow, unfinished: list[int]) -> None:
-        if self._stop_watcher is None or self.checkpoints is None:
+    def _report_stop(self, request_id: str, how: StopHow, unfinished: list[int]) -> None:
+        if self.checkpoints is None:
             return
-        self._stop_watcher.report(StopOutcome(
-            request.request_id, self.checkpoints.lease.holder, how.value, self.clock.now_ms(),
-            self.commit.last_committed if self.commit is not None else None, unfinished))
+        reason = (str(self.error) or type(self.error).__name__) if how is StopHow.FAILED and self.error else None
+        record_stop_outcome(self.checkpoints.storage, StopOutcome(
+            request_id, self.checkpoints.lease.holder, how.value, self.clock.now_ms(),
+            self.commit.last_committed if self.commit is not None else None, unfinished, reason))
 
     # ---------------------------------------------------------------- seeing it run
     def dashboard_snapshot(self) -> dict[str, Any]:
@@ -381,7 +506,7 @@ class _AdaptiveExecutionOff:
         self._before = spark.conf.get(self.KEY, None)
         if self._before != "false":
             spark.conf.set(self.KEY, "false")
-            logger.info("Adaptive query execution is off while the pipeline runs: each batch's jobs run as planned, "
+            logger.debug("Adaptive query execution is off while the pipeline runs: each batch's jobs run as planned, "
                         "as in Structured Streaming")
 
     def restore(self) -> None:

@@ -40,6 +40,8 @@ class ContextSettings:
     max_batches_ahead: int
     observe: ObserveSettings
     keep_workers_warm: bool
+    log_batches: bool = True
+    """One INFO line per finished batch on the ``batchline.observe.summary`` logger."""
 
     @classmethod
     def of(cls, batch_interval: object, *, concurrent_jobs: int, graceful_stop_timeout: object | None,
@@ -47,7 +49,7 @@ class ContextSettings:
            checkpoint_storage_options: dict[str, Any] | None, lease_ttl: object, retry: RetryPolicy | None,
            max_batches_ahead: int | None, metrics_port: int | None | FromLaunch, metrics_host: str,
            dashboard_port: int | None | FromLaunch, dashboard_host: str, progress_records: int,
-           keep_workers_warm: bool) -> ContextSettings:
+           keep_workers_warm: bool, log_batches: bool = True) -> ContextSettings:
         """The settings of ``StreamingContext(...)``'s arguments (documented there), or a
         ``ConfigurationError`` naming the argument and what to pass."""
         batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -72,6 +74,7 @@ class ContextSettings:
                 launch.dashboard_port if isinstance(dashboard_port, FromLaunch) else dashboard_port,
                 dashboard_host, progress_records),
             keep_workers_warm=keep_workers_warm,
+            log_batches=log_batches,
         )
 
 

@@ -76,7 +76,7 @@ def _run_warm_job(spark: SparkSession, if_failed: str) -> None:
         context.setJobGroup(JOB_GROUP, "batchline: warming Python workers and the JVM up", True)
         slots = max(1, context.defaultParallelism)
         spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "rows long").collect()
-        logger.info("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
+        logger.debug("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
     except Exception as error:  # only a head start: the batches do the same work anyway
         logger.info("Warming Spark up failed (%s); %s", error, if_failed)
 

@@ -133,7 +133,7 @@ class Lease:
         self.token = token
         self._renewer = threading.Thread(target=self._renew_loop, name="batchline-lease", daemon=True)
         self._renewer.start()
-        logger.info("Holding checkpoint lease on %s with token %d", self._storage.url, token)
+        logger.debug("Holding checkpoint lease on %s with token %d", self._storage.url, token)
         return token
 
     def check(self) -> None:
@@ -161,7 +161,7 @@ class Lease:
             if self.token is not None and current is not None and current.holder == self.holder:
                 # Expired rather than deleted: the next holder's token must still be larger.
                 self._write(self.token, expires_at_ms=0)
-                logger.info("Released checkpoint lease on %s", self._storage.url)
+                logger.debug("Released checkpoint lease on %s", self._storage.url)
             self.token = None
 
     def _write(self, token: int, expires_at_ms: int | None = None) -> None:

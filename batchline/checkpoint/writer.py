@@ -71,7 +71,7 @@ class CheckpointWriter:
 
     def write(self, checkpoint: Checkpoint, on_written: Callable[[Checkpoint], None] | None = None) -> None:
         self._queue.put(_Request(checkpoint, on_written))
-        logger.info("Submitted checkpoint of time %d ms to the writer queue", checkpoint.time)
+        logger.debug("Submitted checkpoint of time %d ms to the writer queue", checkpoint.time)
 
     def write_now(self, checkpoint: Checkpoint) -> None:
         """Write on the caller's thread (the first checkpoint, before any batch runs)."""
@@ -95,7 +95,7 @@ class CheckpointWriter:
                 continue
             newest = max(requests, key=lambda r: r.checkpoint.time)
             if len(requests) > 1:
-                logger.info("Writing only the newest of %d queued checkpoints (time %d ms)", len(requests),
+                logger.debug("Writing only the newest of %d queued checkpoints (time %d ms)", len(requests),
                             newest.checkpoint.time)
             try:
                 self._write_with_retries(newest.checkpoint)
@@ -146,7 +146,7 @@ class CheckpointWriter:
                 self._on_written(checkpoint.time, round(took_ms), len(data))
             except Exception:
                 logger.exception("Reporting the checkpoint written for time %d ms failed", checkpoint.time)
-        logger.info("Checkpoint for time %d ms saved to %s (%d bytes, %.0f ms)",
+        logger.debug("Checkpoint for time %d ms saved to %s (%d bytes, %.0f ms)",
                     checkpoint.time, self._storage.full_url(f"{CHECKPOINTS}/{name}"), len(data), took_ms)
 
     @property

@@ -17,6 +17,10 @@ from batchline.errors import ConfigurationError
 __all__ = ["add_checkpoint_commands", "storage_options"]
 
 
+_PENDING_LEGEND = ("pending: batches generated but not yet committed when the checkpoint was written; a restart "
+                   "from it runs them again")
+
+
 def storage_options(args: argparse.Namespace) -> dict[str, Any]:
     try:
         return json.loads(args.storage_options) if args.storage_options else {}
@@ -50,6 +54,7 @@ def _list(args: argparse.Namespace) -> int:
         except (CorruptFileError, FileNotFoundError):
             pending = "torn"
         print(f"{format_batch_time(int(entry['time'])):<26} {pending:>7}  {entry['name']}{note}")
+    print(_PENDING_LEGEND)
     return 0
 
 

@@ -6,24 +6,22 @@ from __future__ import annotations
 import argparse
 import logging
 import runpy
-import signal
 import socket
 import sys
 import tempfile
 import threading
 from collections.abc import Sequence
 from pathlib import Path
-from types import FrameType
 
 from batchline.api.context import StreamingContext
 from batchline.api.launch import LaunchDefaults, set_launch_defaults
 from batchline.cli.checkpoints import add_checkpoint_commands
 from batchline.cli.demo import build_demo
 from batchline.cli.operate import add_operate_commands
-from batchline.cli.progress import BatchSummaryPrinter
 from batchline.cli.ship import package_folder
 from batchline.cli.state import add_state_commands
 from batchline.errors import BatchlineError
+from batchline.observe.summary import BatchSummaryPrinter
 from batchline.spark import check_java, local_spark_session
 
 __all__ = ["main"]
@@ -34,50 +32,46 @@ DEFAULT_DASHBOARD_PORT = 4050
 DEFAULT_METRICS_PORT = 9464
 
 
-def _configure_logging(verbose: bool) -> None:
-    logging.basicConfig(
-        level=logging.INFO if verbose else logging.WARNING,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+def _configure_logging(command: str, verbose: bool) -> None:
+    """WARNING and up from everything; ``batchline run`` adds batchline's INFO lines (the start
+    line with the addresses, one line per batch, restarts, the stop); ``-v`` adds batchline's
+    DEBUG lines (the scheduler's detail) to any command."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if verbose:
+        logging.getLogger("batchline").setLevel(logging.DEBUG)
+    elif command == "run":
+        logging.getLogger("batchline").setLevel(logging.INFO)
     logging.getLogger("py4j").setLevel(logging.WARNING)
 
 
-def _stop_on_ctrl_c(ssc: StreamingContext) -> None:
-    """First Ctrl-C: graceful stop. Second: immediate stop."""
-    presses = 0
-
-    def handle(signum: int, frame: FrameType | None) -> None:
-        nonlocal presses
-        presses += 1
-        graceful = presses == 1
-        if graceful:
-            print("\nStopping gracefully: finishing received data and running batches "
-                  "(Ctrl-C again to stop immediately)...", flush=True)
-        else:
-            print("\nStopping immediately...", flush=True)
-        threading.Thread(target=ssc.stop, kwargs={"graceful": graceful}, daemon=True).start()
-
-    signal.signal(signal.SIGINT, handle)
-    signal.signal(signal.SIGTERM, handle)
-
-
 def _await(ssc: StreamingContext, duration: float | None) -> None:
-    if duration is not None and not ssc.await_termination(duration):
-        print(f"\nRan for {duration:g} s; stopping gracefully...", flush=True)
-        ssc.stop(graceful=True)
-    while not ssc.await_termination(0.5):
-        pass
+    """Until the pipeline stops: Ctrl-C (or SIGTERM) stops it through ``await_termination``'s
+    handlers, and ``duration`` through a graceful stop of its own."""
+    timer = None
+    if duration is not None:
+        def stop() -> None:
+            print(f"\nRan for {duration:g} s; stopping gracefully...", flush=True)
+            ssc.stop(graceful=True)
+
+        timer = threading.Timer(duration, stop)
+        timer.daemon = True
+        timer.start()
+    try:
+        ssc.await_termination()
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 def _demo(args: argparse.Namespace) -> int:
     checkpoint = args.checkpoint or tempfile.mkdtemp(prefix="batchline-demo-checkpoint-")
     spark = local_spark_session(args.master, "batchline-demo")
     dashboard_port, metrics_port = _observe_ports(args)
+    # The demo prints its own summary lines on stdout, beside the sessions it prints.
     ssc = StreamingContext(spark, args.batch_interval, checkpoint=checkpoint, name="batchline-demo",
-                           dashboard_port=dashboard_port, metrics_port=metrics_port)
+                           dashboard_port=dashboard_port, metrics_port=metrics_port, log_batches=False)
     build_demo(ssc, rate=args.rate, users=args.users)
     ssc.add_listener(BatchSummaryPrinter())
-    _stop_on_ctrl_c(ssc)
     print(f"batchline demo: {args.rate:g} events/s from {args.users} users, batches every "
           f"{args.batch_interval} on {args.master}, checkpoints in {checkpoint}. Ctrl-C stops gracefully; "
           f"--checkpoint {checkpoint} resumes.", flush=True)
@@ -137,7 +131,8 @@ def _add_observe_options(parser: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="batchline", description=__doc__)
-    parser.add_argument("-v", "--verbose", action="store_true", help="log the scheduler's INFO lines")
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log batchline's DEBUG lines too (the scheduler's detail)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = commands.add_parser("demo", help="run the demo pipeline on local Spark with generated events")
@@ -167,7 +162,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    _configure_logging(args.verbose)
+    _configure_logging(args.command, args.verbose)
     try:
         return int(args.handler(args))
     except BatchlineError as error:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 
 from batchline.batch_time import format_batch_time
@@ -19,7 +20,7 @@ from batchline.observe.control import (
     request_stop,
     running_holder,
 )
-from batchline.observe.status import read_status
+from batchline.observe.status import EMPTY, read_status
 
 __all__ = ["add_operate_commands"]
 
@@ -33,12 +34,16 @@ def _storage(args: argparse.Namespace) -> CheckpointStorage:
 
 
 def _status(args: argparse.Namespace) -> int:
+    """Exit status 0, or 3 when nothing at all is at the location (a mistyped path, most likely)."""
     status = read_status(_storage(args), SystemClock())
     if args.json:
         print(json.dumps(status.to_json(), indent=2, sort_keys=True))
+    elif status.state == EMPTY:
+        print(f"batchline: nothing at {status.location}: no checkpoint, lease or progress; check the path",
+              file=sys.stderr)
     else:
         print(status.describe())
-    return 0
+    return _EXIT_NOT_RUNNING if status.state == EMPTY else 0
 
 
 def _describe_outcome(outcome: StopOutcome) -> str:
@@ -55,8 +60,10 @@ def _describe_outcome(outcome: StopOutcome) -> str:
             "committed runs at the next start; a larger graceful_stop_timeout lets a stop wait longer.",
         StopHow.FINISHED.value:
             f"The pipeline had finished on its own: every input ended and the final checkpoint is written{last}.",
-    }.get(outcome.how, f"The pipeline stopped after a failure{last}; its log says why, and `batchline status` shows "
-                       "the batch that failed. Fix the cause and start it again: what was not committed runs again.")
+    }.get(outcome.how, f"The pipeline stopped after a failure{last}"
+                       + (f" ({outcome.reason})" if outcome.reason else "")
+                       + "; its log says why, and `batchline status` shows the batch that failed. Fix the cause "
+                         "and start it again: what was not committed runs again.")
 
 
 def _stop(args: argparse.Namespace) -> int:
@@ -95,7 +102,8 @@ def _stop(args: argparse.Namespace) -> int:
 
 def add_operate_commands(commands: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     status = commands.add_parser(
-        "status", help="whether a pipeline runs at a checkpoint location, its last batch, backlog and state")
+        "status", help="whether a pipeline runs at a checkpoint location, its last batch, backlog and state "
+                       "(exit status 3 when nothing is there)")
     status.add_argument("location", help="checkpoint location: a path or an fsspec URL (s3://...)")
     status.add_argument("--json", action="store_true", help="print the status as JSON, for scripts")
     status.add_argument("--storage-options", default=None, help="fsspec options as a JSON object")

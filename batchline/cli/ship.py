@@ -47,5 +47,5 @@ def package_folder(folder: Path) -> str:
                     return str(archive)
                 zipped.write(path, path.relative_to(folder).as_posix())
                 count += 1
-    logger.info("Packaged %d modules of %s for the executors", count, folder)
+    logger.debug("Packaged %d modules of %s for the executors", count, folder)
     return str(archive)

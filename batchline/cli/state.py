@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 
 from batchline.batch_time import format_batch_time
 from batchline.cli.checkpoints import storage_options
@@ -32,6 +33,9 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _read(args: argparse.Namespace) -> int:
+    # Seconds of silence otherwise; and a second Spark beside a live pipeline is worth knowing of.
+    print(f"Starting a local Spark session ({args.master}) to read the state; this takes about 10 s",
+          file=sys.stderr, flush=True)
     spark = local_spark_session(args.master, "batchline-state")
     df = read_state(spark, args.location, args.operator, args.version, storage_options=storage_options(args))
     if args.json:

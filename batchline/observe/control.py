@@ -16,7 +16,8 @@ import socket
 import threading
 import uuid
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
 
 from batchline.checkpoint.lease import Lease, LeaseRecord
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal, unseal
@@ -32,6 +33,7 @@ __all__ = [
     "StopRequest",
     "StopWatcher",
     "read_stop_outcome",
+    "record_stop_outcome",
     "request_stop",
     "running_holder",
 ]
@@ -80,6 +82,14 @@ class StopOutcome:
     stopped_at_ms: int
     last_committed: int | None
     unfinished: list[int] = field(default_factory=list)
+    reason: str | None = None
+    """Why a failed run stopped: the error, or ``start refused: ...`` for a start that never ran."""
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> StopOutcome:
+        """Fields a later release may add are ignored, as the lease's are."""
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in payload.items() if k in names})
 
 
 def running_holder(storage: CheckpointStorage, clock: Clock) -> LeaseRecord | None:
@@ -105,9 +115,20 @@ def read_stop_outcome(storage: CheckpointStorage) -> StopOutcome | None:
     try:
         if not storage.exists(STOP_OUTCOME_FILE):
             return None
-        return StopOutcome(**unseal(storage.read(STOP_OUTCOME_FILE), STOP_OUTCOME_FILE))
+        return StopOutcome.from_json(unseal(storage.read(STOP_OUTCOME_FILE), STOP_OUTCOME_FILE))
     except (CorruptFileError, FileNotFoundError, TypeError):
         return None
+
+
+def record_stop_outcome(storage: CheckpointStorage, outcome: StopOutcome) -> None:
+    """Write how the run at the location ended, for ``batchline stop``'s requester and for
+    ``batchline status``; written while the driver still holds the lease, so the record is the
+    holder's own. A failed write is logged, not raised: the stop goes on."""
+    try:
+        storage.replace(STOP_OUTCOME_FILE, seal(asdict(outcome)))
+    except OSError as error:
+        logger.warning("Could not record how the pipeline stopped at %s (%s); `batchline status` shows the lease "
+                       "released and the last batch", storage.full_url(STOP_OUTCOME_FILE), error)
 
 
 def _read_request(storage: CheckpointStorage) -> StopRequest | None:
@@ -157,11 +178,7 @@ class StopWatcher:
         return request
 
     def report(self, outcome: StopOutcome) -> None:
-        try:
-            self._storage.replace(STOP_OUTCOME_FILE, seal(asdict(outcome)))
-        except OSError as error:
-            logger.warning("Could not tell the stop's requester how the pipeline stopped (%s); it sees the lease "
-                           "released, and `batchline status` shows the last batch", error)
+        record_stop_outcome(self._storage, outcome)
 
     def _run(self) -> None:
         next_poll = self._clock.now_ms() + self._poll_ms

@@ -195,7 +195,7 @@ class DashboardServer:
             self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.2},
                                             name="batchline-dashboard", daemon=True)
             self._thread.start()
-        logger.info("Dashboard at %s", self.url)
+        logger.debug("Dashboard at %s", self.url)
 
     def stop(self) -> None:
         """Stops serving and closes the socket; calling it again (or before ``start()``) does nothing."""
@@ -210,7 +210,7 @@ class DashboardServer:
         server.server_close()
         if thread is not None:
             thread.join(timeout=5)
-        logger.info("dashboard at %s stopped", self.url)
+        logger.debug("dashboard at %s stopped", self.url)
 
     def __enter__(self) -> DashboardServer:
         self.start()

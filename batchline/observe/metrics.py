@@ -211,7 +211,7 @@ class PipelineMetrics:
             server, thread = start_http_server(port, addr=host, registry=self.registry)
             self._server, self._thread = server, thread
             self._host, self._port = host, int(server.server_port)
-        logger.info("Serving the metrics of pipeline %r at %s", self.pipeline, self.url)
+        logger.debug("Serving the metrics of pipeline %r at %s", self.pipeline, self.url)
 
     def stop_server(self) -> None:
         """Stop serving and free the port; does nothing when not serving."""
@@ -225,7 +225,7 @@ class PipelineMetrics:
         server.server_close()
         if thread is not None:
             thread.join(_STOP_JOIN_S)
-        logger.info("Stopped serving the metrics of pipeline %r", self.pipeline)
+        logger.debug("Stopped serving the metrics of pipeline %r", self.pipeline)
 
     @property
     def port(self) -> int | None:

@@ -18,25 +18,67 @@ from batchline.checkpoint.lease import Lease, LeaseRecord
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import load_latest_checkpoint
 from batchline.clock import Clock
-from batchline.observe.control import StopOutcome, read_stop_outcome
+from batchline.observe.control import StopHow, StopOutcome, read_stop_outcome
 from batchline.observe.progress_log import read_progress
 from batchline.scheduler.progress import COMPLETED, BatchProgress
 
-__all__ = ["PipelineStatus", "read_status", "RUNNING", "STOPPED", "FINISHED", "EMPTY", "ABANDONED"]
+__all__ = ["PipelineStatus", "read_status", "last_run_ended", "own_stop", "RUNNING", "STOPPED", "FAILED",
+           "FINISHED", "EMPTY", "ABANDONED"]
 
 RUNNING = "running"
 STOPPED = "stopped"
+FAILED = "failed"
 ABANDONED = "abandoned"
 FINISHED = "finished"
 EMPTY = "empty"
+
+_ABANDONED_NOTE = "its driver died without releasing the lease"
+
+
+def own_stop(lease: LeaseRecord | None, stop: StopOutcome | None) -> StopOutcome | None:
+    """The stop record of the run that last held the lease; None when the record is stale (an
+    earlier run wrote it: a driver that died holding the lease writes none). Without a lease
+    file (a location of an older format) the record is taken as it is."""
+    if stop is None or lease is None:
+        return stop
+    if stop.holder == lease.holder:
+        return stop
+    return None
+
+
+def _how_it_stopped(stop: StopOutcome) -> str:
+    at = format_batch_time(stop.stopped_at_ms)
+    reason = f" ({stop.reason})" if stop.reason else ""
+    return {
+        StopHow.GRACEFUL.value: f"stopped gracefully at {at}",
+        StopHow.GRACEFUL_TIMED_OUT.value: f"stopped at {at} after its graceful stop timed out",
+        StopHow.IMMEDIATE.value: f"stopped immediately at {at}",
+        StopHow.FINISHED.value: f"finished at {at}",
+    }.get(stop.how, f"failed at {at}{reason}")
+
+
+def last_run_ended(lease: LeaseRecord | None, stop: StopOutcome | None) -> str | None:
+    """How the last run at a location ended, as a phrase (``stopped gracefully at T``, ``was
+    abandoned: ...``), from the lease and stop record read before a new driver takes the
+    lease; None when no run ever held it."""
+    if lease is None:
+        return _how_it_stopped(stop) if stop is not None else None
+    if not lease.released:
+        return f"was abandoned: {_ABANDONED_NOTE}"
+    own = own_stop(lease, stop)
+    if own is not None:
+        return _how_it_stopped(own)
+    at = f" at {format_batch_time(lease.renewed_at_ms)}" if lease.renewed_at_ms else ""
+    return f"stopped{at}"
 
 
 @dataclass(frozen=True)
 class PipelineStatus:
     location: str
     state: str
-    """``running``, ``stopped``, ``finished``, ``empty`` (nothing was ever run there), or
-    ``abandoned`` (the driver died without releasing its lease; the next start takes over)."""
+    """``running``, ``stopped``, ``failed`` (the last run stopped on an error, or its start was
+    refused), ``finished``, ``empty`` (nothing at all there: no checkpoint, lease or progress),
+    or ``abandoned`` (the driver died without releasing its lease; the next start takes over)."""
     lease: LeaseRecord | None
     lease_age_ms: int | None
     """Since the holder last renewed the lease."""
@@ -47,6 +89,7 @@ class PipelineStatus:
     """Inputs that ended, with the batch after which they did, as of the newest checkpoint."""
     finished: bool = False
     last_stop: StopOutcome | None = None
+    """How the run that last held the lease stopped (None: it never said, e.g. it was abandoned)."""
     failed_batches: tuple[BatchProgress, ...] = ()
     """Batches after the last completed one that failed, or that a stop cancelled."""
 
@@ -63,8 +106,9 @@ class PipelineStatus:
 
     def describe(self) -> str:
         """The status for people, a fact per line."""
-        explained = {ABANDONED: "abandoned: its driver died without releasing the lease; the next start takes "
-                                "over and re-runs what was not committed"}
+        explained = {ABANDONED: f"abandoned: {_ABANDONED_NOTE}; the next start takes "
+                                "over and re-runs what was not committed",
+                     EMPTY: "nothing there: no checkpoint, lease or progress; check the path"}
         lines = [f"{self.location}: {explained.get(self.state, self.state)}"]
         lease = self.lease
         if lease is not None:
@@ -102,7 +146,9 @@ class PipelineStatus:
         if self.finished:
             lines.append("  the pipeline finished: every input ended and every output committed")
         if self.last_stop is not None and self.state != RUNNING:
-            lines.append(f"  last stop: {self.last_stop.how}, at {format_batch_time(self.last_stop.stopped_at_ms)}")
+            reason = f" ({self.last_stop.reason})" if self.last_stop.reason else ""
+            lines.append(f"  last stop: {self.last_stop.how}{reason}, at "
+                         f"{format_batch_time(self.last_stop.stopped_at_ms)}")
         return "\n".join(lines)
 
 
@@ -124,7 +170,10 @@ def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
         state = ABANDONED
     else:
         state = STOPPED
+    stop = own_stop(lease, read_stop_outcome(storage))
+    if state == STOPPED and stop is not None and stop.how == StopHow.FAILED.value:
+        state = FAILED
     age = now - lease.renewed_at_ms if lease is not None and lease.renewed_at_ms is not None else None
     after = tuple(r for r in records if r.status != COMPLETED and (last is None or r.batch_time > last.batch_time))
     return PipelineStatus(storage.url, state, lease, age, last, checkpoint.time if checkpoint else None,
-                          finished_inputs, finished, read_stop_outcome(storage), after)
+                          finished_inputs, finished, stop, after)

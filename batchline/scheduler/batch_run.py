@@ -366,7 +366,7 @@ class BatchRun:
         self._move(RunState.COMMITTED)
         job_set.move_to(BatchState.COMPLETED)
         scheduling.lifecycle.finished(job_set, self.attempts, clock.now_ms() - commit_started)
-        logger.info(
+        logger.debug(
             "Finished jobs of time %d ms (total delay %d ms, processing %d ms%s)",
             self.time, job_set.processing_end_time - self.time,
             job_set.processing_end_time - (job_set.processing_start_time or 0),

@@ -118,6 +118,8 @@ class JobGenerator:
             "JobGenerator", self._process_event, lambda e: report_error("Error in job generator", e)
         )
         self._lock = threading.Lock()
+        self._cut_short = threading.Event()
+        """Ends a graceful stop's waits at once (a second Ctrl-C)."""
         self._unprocessed: set[int] = set()
         # The event loop's own: due batch times not generated yet (oldest first), and the
         # batches generated and not yet committed.
@@ -138,7 +140,7 @@ class JobGenerator:
             self._batches.start_fresh(self.zero_time)
             self.timer.start(start_time)
             self.start_time = start_time
-            logger.info("Started JobGenerator at %d ms", start_time)
+            logger.debug("Started JobGenerator at %d ms", start_time)
             return
         restart_time = self.timer.get_restart_time(checkpoint.zero_time)
         self.zero_time = checkpoint.zero_time
@@ -150,7 +152,7 @@ class JobGenerator:
             self._event_loop.post(RescheduleJobs(times))
         self.timer.start(restart_time)
         self.start_time = restart_time
-        logger.info("Restarted JobGenerator at %d ms", restart_time)
+        logger.debug("Restarted JobGenerator at %d ms", restart_time)
 
     def stop(self, process_received_data: bool) -> bool:
         """Stop generating; gracefully, first let every received block into a batch and wait for
@@ -159,24 +161,24 @@ class JobGenerator:
             return True
         drained = True
         if process_received_data:
-            logger.info("Stopping JobGenerator gracefully")
+            logger.debug("Stopping JobGenerator gracefully")
             stop_started = self._clock.now_ms()
             timeout_ms = self.settings.graceful_stop_timeout_ms
 
             def timed_out() -> bool:
-                return self._clock.now_ms() - stop_started >= timeout_ms
+                return self._cut_short.is_set() or self._clock.now_ms() - stop_started >= timeout_ms
 
-            logger.info("Waiting for all received blocks to be consumed for job generation")
+            logger.debug("Waiting for all received blocks to be consumed for job generation")
             while not timed_out() and self._receiver_tracker.has_unallocated_blocks():
                 self._clock.sleep_ms(STOP_POLL_MS)
             if timed_out():
                 drained = False
                 logger.warning("Timed out while stopping the job generator (timeout = %d)", timeout_ms)
-            logger.info("Waited for all received blocks to be consumed for job generation")
+            logger.debug("Waited for all received blocks to be consumed for job generation")
 
             stop_time = self.timer.stop(interrupt=False)
-            logger.info("Stopped generation timer")
-            logger.info("Waiting for jobs to be processed and checkpoints to be written")
+            logger.debug("Stopped generation timer")
+            logger.debug("Waiting for jobs to be processed and checkpoints to be written")
             while not timed_out() and not self._all_processed_up_to(stop_time):
                 self._clock.sleep_ms(STOP_POLL_MS)
             if not self._all_processed_up_to(stop_time):
@@ -185,16 +187,21 @@ class JobGenerator:
                     "Timed out while waiting for jobs to be processed (timeout = %d); unprocessed batches: %s",
                     timeout_ms, sorted(self._unprocessed),
                 )
-            logger.info("Waited for jobs to be processed and checkpoints to be written")
+            logger.debug("Waited for jobs to be processed and checkpoints to be written")
         else:
-            logger.info("Stopping JobGenerator immediately")
+            logger.debug("Stopping JobGenerator immediately")
             self.timer.stop(interrupt=True)
         self._event_loop.stop()
         if self._queued:  # the loop has ended, so its queue holds still
             logger.info("%d due batches were not generated (%s to %s ms); nothing of them was logged, so the next "
                         "start runs them as missed batches", len(self._queued), self._queued[0], self._queued[-1])
-        logger.info("Stopped JobGenerator")
+        logger.debug("Stopped JobGenerator")
         return drained
+
+    def cut_short(self) -> None:
+        """End a graceful stop's waits now: what is not processed yet is cancelled by the stop
+        and runs again at the next start."""
+        self._cut_short.set()
 
     def due_after(self, time: int) -> int:
         """Batches due (their timer fired) after batch ``time`` and not yet processed: the backlog
@@ -300,7 +307,7 @@ class JobGenerator:
     def _do_checkpoint(self, time: int, clear_checkpoint_data_later: bool) -> None:
         manager = self._checkpoints
         if manager is not None and self.zero_time is not None and (time - self.zero_time) % manager.interval_ms == 0:
-            logger.info("Checkpointing graph for time %d ms", time)
+            logger.debug("Checkpointing graph for time %d ms", time)
             on_written = self._post_clear_checkpoint_data if clear_checkpoint_data_later else None
             manager.checkpoint_writer().write(self._batches.checkpoint(time, self.pending_up_to(time)), on_written)
         elif clear_checkpoint_data_later:

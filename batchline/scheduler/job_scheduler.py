@@ -141,7 +141,7 @@ class JobScheduler:
         """Queue the batch behind the one submitted before it; it runs once a slot is free."""
         if not run.job_set.jobs:
             # Still reported: the batch took its input, and listeners see every batch time.
-            logger.info("No jobs added for time %d ms", run.time)
+            logger.debug("No jobs added for time %d ms", run.time)
         with self._lock:
             run.queue(self._last_run, self._lifecycle)
             self._last_run = run
@@ -149,7 +149,7 @@ class JobScheduler:
             self._futures[run.time] = future
         future.add_done_callback(functools.partial(self._forget_future, run.time))
         if run.job_set.jobs:
-            logger.info("Added jobs for time %d ms", run.time)
+            logger.debug("Added jobs for time %d ms", run.time)
 
     def _group_id(self, batch_time: int) -> str:
         return f"{self.settings.job_group_prefix}-{batch_time}"

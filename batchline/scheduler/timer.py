@@ -46,7 +46,7 @@ class RecurringTimer:
         self._prev_time = start_time - self.period_ms
         self._thread = threading.Thread(target=self._loop, name=f"RecurringTimer-{self.name}", daemon=True)
         self._thread.start()
-        logger.info("Started timer for %s at time %d", self.name, start_time)
+        logger.debug("Started timer for %s at time %d", self.name, start_time)
         return start_time
 
     @property
@@ -61,7 +61,7 @@ class RecurringTimer:
             self._interrupt.set()
         if threading.current_thread() is not self._thread:
             self._thread.join()
-        logger.info("Stopped timer for %s after time %d", self.name, self._prev_time)
+        logger.debug("Stopped timer for %s after time %d", self.name, self._prev_time)
         return self._prev_time
 
     def _loop(self) -> None:

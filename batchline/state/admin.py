@@ -118,7 +118,9 @@ def read_state(
             f"operator {operator!r} has no readable version {version} at {files.storage.url}; "
             f"retained: {_versions(files, metadata) or 'none'}"
         )
-    schema = RowSchema.of(state_schema if state_schema is not None else metadata.state_schema)
+    # Without a schema given, fields a key's stored version lacks read as the state function sees them.
+    schema = (RowSchema.of(state_schema) if state_schema is not None
+              else RowSchema.stored(metadata.state_schema, metadata.state_defaults))
     schema.check_compatible(metadata.state_schema, f"operator {operator!r}")
     return read_state_frame(spark, files, metadata, schema, version)
 
@@ -151,7 +153,7 @@ def rescale_state(
     lease.acquire()
     try:
         version = _latest(files, metadata)
-        state = RowSchema.of(metadata.state_schema)
+        state = RowSchema.stored(metadata.state_schema, metadata.state_defaults)  # old keys keep their defaults
         before = read_state_frame(spark, files, metadata, state, version).persist()  # read once, count and write
         expected = before.count()
         new = dataclasses.replace(metadata, num_partitions=num_partitions, generation=metadata.generation + 1)
@@ -352,7 +354,7 @@ def _target_layout(files: FileStateStore, stored: StateMetadata | None, df: Data
         key_schema = StructType([df.schema[k] for k in keys])
         partitions = num_partitions or operator_settings.DEFAULT_STATE_PARTITIONS
         kind = (timeout or GroupStateTimeout.NO_TIMEOUT).name
-        return StateMetadata(operator, partitions, 0, key_schema, state.struct, kind), state
+        return StateMetadata(operator, partitions, 0, key_schema, state.struct, kind, state.stored_defaults()), state
     stored_keys = stored.key_schema.fieldNames()
     if key_columns is not None and list(key_columns) != stored_keys:
         raise ConfigurationError(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import json
 import re
 import types
 import typing
@@ -361,10 +362,35 @@ class RowSchema:
     def describe(self) -> str:
         return self.cls.__name__ if self.cls is not None else self.struct.simpleString()
 
+    @classmethod
+    def stored(cls, struct: StructType, defaults: dict[str, Any]) -> RowSchema:
+        """The schema of stored state read as rows (no dataclass), whose fields missing from an
+        older version read as the defaults the state's dataclass declared (``stored_defaults``)."""
+        nothing = tuple(None for _ in struct.fields)
+        return cls(struct, None, tuple(defaults.get(name) for name in struct.fieldNames()), nothing, True, nothing)
+
+    def stored_defaults(self) -> dict[str, Any]:
+        """The fields' defaults that plain JSON holds (a factory is called once), by field name,
+        to keep beside the stored state: an offline reader has no dataclass to ask. A default
+        JSON cannot hold reads as null there."""
+        if self.cls is None:
+            return {}
+        found: dict[str, Any] = {}
+        for index, name in enumerate(self.names):
+            value = self.default_for(index)
+            if value is MISSING:
+                continue
+            try:
+                if json.loads(json.dumps(value)) == value:
+                    found[name] = value
+            except (TypeError, ValueError):
+                continue  # a datetime, a Decimal, an object: not kept
+        return found
+
     def default_for(self, index: int) -> Any:
         default = self.defaults[index]
         if self.cls is None:
-            return None  # a field added to a Spark schema reads as null
+            return default  # a field added to a Spark schema reads as null, or as the stored default
         if default is MISSING:
             return MISSING
         return default() if callable(default) else default

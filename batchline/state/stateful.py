@@ -204,16 +204,18 @@ class StatefulRuntime(StreamRuntime):
         node = self.node
         if self.metadata is None:
             self.metadata = StateMetadata(self.name, self.num_partitions, 0, key_schema, node.state_schema.struct,
-                                          node.timeout.name)
+                                          node.timeout.name, node.state_schema.stored_defaults())
             self._files.write_metadata(self.metadata)
         elif self.metadata.key_schema.simpleString() != key_schema.simpleString():  # nullability may differ
             raise ConfigurationError(
                 f"operator {self.name!r}: the key columns are now {key_schema.simpleString()}, but the stored "
                 f"state is keyed by {self.metadata.key_schema.simpleString()}; keys cannot change type"
             )
-        elif self.metadata.state_schema.simpleString() != node.state_schema.struct.simpleString():
+        elif (self.metadata.state_schema.simpleString() != node.state_schema.struct.simpleString()
+              or self.metadata.state_defaults != node.state_schema.stored_defaults()):
             self.metadata = dataclasses.replace(self.metadata, state_schema=node.state_schema.struct,
-                                                timeout=node.timeout.name)
+                                                timeout=node.timeout.name,
+                                                state_defaults=node.state_schema.stored_defaults())
             self._files.write_metadata(self.metadata)
         return self.metadata
 
@@ -229,7 +231,7 @@ class StatefulRuntime(StreamRuntime):
             )
         key_schema = StructType([df.schema[k] for k in node.key_names])
         metadata = StateMetadata(self.name, self.num_partitions, 0, key_schema, node.state_schema.struct,
-                                 node.timeout.name)
+                                 node.timeout.name, node.state_schema.stored_defaults())
         count = write_state_frame(df, self._files, metadata, node.state_schema, self.zero_time, initial=True)
         self._files.write_metadata(metadata)  # last: until then, a restart writes the initial state again
         self.metadata = metadata

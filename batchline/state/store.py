@@ -123,19 +123,23 @@ class StateMetadata:
     key_schema: StructType
     state_schema: StructType
     timeout: str
+    state_defaults: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The state dataclass's field defaults (plain JSON), so that an offline read fills a field
+    an older version lacks as the state function sees it. Absent from metadata written before
+    they were kept: such fields read as null."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "operator": self.operator, "num_partitions": self.num_partitions, "generation": self.generation,
             "key_schema": self.key_schema.jsonValue(), "state_schema": self.state_schema.jsonValue(),
-            "timeout": self.timeout,
+            "timeout": self.timeout, "state_defaults": self.state_defaults,
         }
 
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> StateMetadata:
         return cls(payload["operator"], payload["num_partitions"], payload["generation"],
                    StructType.fromJson(payload["key_schema"]), StructType.fromJson(payload["state_schema"]),
-                   payload["timeout"])
+                   payload["timeout"], dict(payload.get("state_defaults") or {}))
 
 
 @dataclass(frozen=True)

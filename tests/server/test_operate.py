@@ -33,9 +33,9 @@ def cli(*args, storage_options=None, timeout=CLI_TIMEOUT_S):
                           capture_output=True, text=True, timeout=timeout)
 
 
-def status_json(location, storage_options=None):
+def status_json(location, storage_options=None, exit_status=0):
     result = cli("status", location, "--json", storage_options=storage_options)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.returncode == exit_status, result.stdout + result.stderr
     return json.loads(result.stdout)
 
 
@@ -66,17 +66,19 @@ def assert_running_status(status, ssc, location):
 
 
 # ----------------------------------------------------------------------- nothing there
-def test_status_of_an_empty_location_says_empty(tmp_path, s3_endpoint):
+def test_status_of_an_empty_location_exits_3_saying_to_check_the_path(tmp_path, s3_endpoint):
     for location, options in ((str(tmp_path / "never-used"), None), (str(tmp_path), None),
                               (f"s3://batchline-test/{uuid.uuid4().hex}/checkpoint", s3_endpoint)):
-        status = status_json(location, options)
+        status = status_json(location, options, exit_status=3)
         assert status["state"] == "empty", status
         assert status["location"] == location
         assert status["lease"] is None and status["last_batch"] is None and status["last_stop"] is None
         assert status["finished_inputs"] == {} and status["finished"] is False and status["backlog"] == 0
         text = cli("status", location, storage_options=options)
-        assert text.returncode == 0, text.stderr
-        assert text.stdout.strip() == f"{location}: empty"
+        assert text.returncode == 3, text.stdout + text.stderr
+        assert text.stdout == ""
+        assert text.stderr.strip() == (f"batchline: nothing at {location}: no checkpoint, lease or progress; "
+                                       "check the path")
     assert list(tmp_path.iterdir()) == []  # status changes nothing, and creates nothing
 
 

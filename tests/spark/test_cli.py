@@ -124,7 +124,7 @@ def test_cli_with_an_old_java_names_the_version_found(tmp_path):
 
 
 def test_the_batch_summary_names_retries_and_excluded_executors():
-    from batchline.cli.progress import summary_line
+    from batchline.observe.summary import summary_line
     from batchline.scheduler.listener import BatchInfo, ExcludedExecutor
 
     info = BatchInfo(1_795_000_000_000, 1_795_000_000_000, 1_795_000_000_100, 1_795_000_000_900, attempts=2,

@@ -24,6 +24,8 @@ def test_list_and_inspect_a_checkpoint_location(spark, tmp_path, capsys):
     listing = capsys.readouterr().out
     assert "released" in listing
     assert "1970-01-01T00:00:12.000Z" in listing and "1970-01-01T00:00:10.000Z" in listing
+    assert listing.splitlines()[-1] == ("pending: batches generated but not yet committed when the checkpoint was "
+                                        "written; a restart from it runs them again")
 
     assert main(["checkpoints", "inspect", str(tmp_path)]) == 0
     report = json.loads(capsys.readouterr().out)

@@ -5,6 +5,7 @@ The generator runs on a manual clock with the batches, the checkpoint writer and
 scheduler played by the test, so the order of what its event loop does is exact; the last
 tests run a real restart through StreamingContext."""
 
+import logging
 import threading
 from types import SimpleNamespace
 
@@ -323,7 +324,8 @@ def test_a_restart_after_101_batches_of_down_time_checkpoints_its_first_commits_
         second.ssc.start()
         second.recorder.wait_for_batch(113_000, timeout=120)
         second.ssc.stop()
-    loop = [m for m in logs.messages() if m.startswith(("Added jobs for time", "Checkpointing graph for time"))]
+    loop = [m for m in logs.messages(level=logging.DEBUG)
+            if m.startswith(("Added jobs for time", "Checkpointing graph for time"))]
     # 14 000 is the first on the 2 s checkpoint interval: checkpointed when generated, and after it committed.
     after_commit = [i for i, m in enumerate(loop) if m == "Checkpointing graph for time 14000 ms"][1]
     added = [m for m in loop[:after_commit] if m.startswith("Added")]

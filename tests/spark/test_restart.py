@@ -1,5 +1,6 @@
 """Restart from a checkpoint on a manual clock: which batches, in which order, which lines."""
 
+import logging
 import os
 import threading
 import time
@@ -67,7 +68,7 @@ def test_restart_reruns_the_pending_batch_then_the_down_time_batches_in_order(sp
         second.recorder.wait_for_batch(19_000)
         second.run_until(20_000)
         second.ssc.stop()
-    lines = logs.messages(RESTART) + logs.messages(GENERATOR)
+    lines = logs.messages(RESTART) + logs.messages(GENERATOR, level=logging.DEBUG)
     assert "Batches during down time (4 batches): 16000 ms, 17000 ms, 18000 ms, 19000 ms" in lines
     assert "Batches pending processing (1 batches): 15000 ms" in lines
     assert ("Batches to reschedule (5 batches): 15000 ms, 16000 ms, 17000 ms, 18000 ms, 19000 ms"
@@ -141,7 +142,7 @@ def test_a_checkpoint_location_without_a_checkpoint_starts_fresh(spark, tmp_path
         pipeline.run_until(11_000)
         pipeline.ssc.stop()
     assert any("No checkpoint in" in m and "starting fresh" in m for m in logs.messages())
-    assert "Started JobGenerator at 11000 ms" in logs.messages(GENERATOR)
+    assert "Started JobGenerator at 11000 ms" in logs.messages(GENERATOR, level=logging.DEBUG)
 
 
 def test_a_second_driver_on_the_same_location_is_refused(spark, tmp_path):

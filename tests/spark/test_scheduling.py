@@ -1,5 +1,6 @@
 """Scheduling on a manual clock with real Spark jobs: alignment, event order, stops, errors."""
 
+import logging
 import threading
 import time
 
@@ -62,8 +63,8 @@ def test_batches_align_to_the_interval_and_events_come_in_order(spark):
     assert sink.batches == {11_000: [{"n": 1}, {"n": 2}], 12_000: [{"n": 3}]}
     first = recorder.completed[0]
     assert (first.scheduling_delay_ms, first.processing_delay_ms, first.total_delay_ms) == (0, 0, 0)
-    assert "Started JobGenerator at 11000 ms" in logs.messages(GENERATOR)
-    assert "Started timer for JobGenerator at time 11000" in logs.messages()
+    assert "Started JobGenerator at 11000 ms" in logs.messages(GENERATOR, level=logging.DEBUG)
+    assert "Started timer for JobGenerator at time 11000" in logs.messages(level=logging.DEBUG)
 
 
 def test_listener_delays_follow_the_clock(spark):
@@ -107,7 +108,7 @@ def test_graceful_stop_finishes_every_generated_batch_and_logs_the_seed_lines(sp
     assert sorted(sink.batches) == [11_000, 12_000]
     assert ssc.job_generator.last_processed_batch == 12_000
     assert ssc.state is ContextState.STOPPED
-    assert logs.messages(GENERATOR) == [
+    assert logs.messages(GENERATOR, level=logging.DEBUG) == [
         "Started JobGenerator at 11000 ms",
         "Stopping JobGenerator gracefully",
         "Waiting for all received blocks to be consumed for job generation",
@@ -136,7 +137,7 @@ def test_immediate_stop_cancels_the_running_spark_job(spark):
         ssc.stop(graceful=False)
         took = time.monotonic() - began
     assert took < 15, f"immediate stop took {took:.1f} s"
-    assert "Stopping JobGenerator immediately" in logs.messages(GENERATOR)
+    assert "Stopping JobGenerator immediately" in logs.messages(GENERATOR, level=logging.DEBUG)
     assert "Cancelling Spark jobs of batch 11000" in logs.messages()
     assert ssc.await_termination(0) is True  # a cancelled batch is not a pipeline error
     assert poll_until(lambda: not tracker.getActiveJobsIds(), 15, 0.05), tracker.getActiveJobsIds()
@@ -188,7 +189,7 @@ def test_graceful_stop_gives_up_after_its_timeout(spark):
     warnings = [m for m in logs.messages(GENERATOR, level=30)]
     assert warnings[0] == "Timed out while stopping the job generator (timeout = 3000)"
     assert warnings[1].startswith("Timed out while waiting for jobs to be processed (timeout = 3000)")
-    assert logs.messages(GENERATOR)[-1] == "Stopped JobGenerator"
+    assert logs.messages(GENERATOR, level=logging.DEBUG)[-1] == "Stopped JobGenerator"
 
 
 def test_a_failed_batch_stops_the_pipeline_and_is_raised(spark):

@@ -9,6 +9,8 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType, Tim
 
 from batchline import BatchFailedError, ConfigurationError, StreamingContext
 from batchline.checkpoint.storage import CheckpointStorage
+from batchline.clock import SystemClock
+from batchline.observe.status import read_status
 from batchline.state import GroupStateTimeout, StateFunctionError, StateSchemaError, read_state, state_versions
 from batchline.state.store import StateFiles
 from batchline.testing import BatchHarness, CollectSink, ManualClock
@@ -253,6 +255,27 @@ def test_state_schema_evolves_by_adding_a_field_with_a_default_and_dropping_one(
         Pipeline(spark, tmp_path, running_count, state_schema=CountBadType, start_ms=r.batch_time + 500).start()
 
 
+def test_the_state_reader_shows_a_field_added_with_a_default_as_the_function_sees_it(spark, tmp_path):
+    p = Pipeline(spark, tmp_path, running_count).start()
+    p.batch([("a", 1, None), ("b", 5, None)])
+    p.stop()
+
+    def v2(key, rows, state):
+        old = state.get()
+        state.update(CountV2(old.count + sum(1 for _ in rows), old.total, f"{old.label}-{key}"))
+        yield {"key": key, "count": old.count}
+
+    q = Pipeline(spark, tmp_path, v2, state_schema=CountV2, start_ms=p.batch_time + 500).start()
+    q.batch_time = p.batch_time
+    assert q.batch([("a", 1, None)]) == [{"key": "a", "count": 1}]
+    q.stop()
+    # b's stored version predates label: it reads as the default, as v2 sees it ("new-a" for a).
+    rows = read_state(spark, str(tmp_path), "op").collect()
+    assert sorted((row["key"], row["label"], row["count"]) for row in rows) == [("a", "new-a", 2), ("b", "new", 1)]
+    # The default is kept as plain JSON beside the state, for readers without the dataclass.
+    assert StateFiles(CheckpointStorage(str(tmp_path)), "op").read_metadata().state_defaults == {"label": "new"}
+
+
 def test_a_new_field_without_a_default_is_refused_naming_it(spark, tmp_path):
     p = Pipeline(spark, tmp_path, running_count).start()
     p.batch([("a", 1, None)])
@@ -266,6 +289,11 @@ def test_a_new_field_without_a_default_is_refused_naming_it(spark, tmp_path):
 
     with pytest.raises(StateSchemaError, match="'owner' is new and has no default"):
         Pipeline(spark, tmp_path, running_count, state_schema=Stricter, start_ms=p.batch_time + 500).start()
+    # The refused start is recorded at the location: status names it instead of "stopped".
+    status = read_status(CheckpointStorage(str(tmp_path), warn=False), SystemClock())
+    assert status.state == "failed" and status.lease is not None and status.lease.released
+    assert "  last stop: failed (start refused: operator 'op'" in status.describe()
+    assert "'owner' is new and has no default" in status.describe()
 
 
 def test_the_state_reader_reads_any_retained_version(spark, tmp_path):

@@ -1,5 +1,6 @@
 """`batchline status` from what a location holds, without Spark: excluded executors (SPEC H2),
-failed and cancelled batches after the last completed one, a driver that died holding its lease."""
+failed and cancelled batches after the last completed one, a driver that died holding its lease
+(and the stale stop of an earlier run it must not show), a refused start, a mistyped path."""
 
 from __future__ import annotations
 
@@ -10,13 +11,16 @@ import subprocess
 
 import pytest
 
+from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE, Lease, LeaseRecord
 from batchline.checkpoint.storage import CheckpointStorage, seal
 from batchline.cli.main import main
 from batchline.clock import ManualClock
 from batchline.errors import ConfigurationError
+from batchline.observe.control import StopHow, StopOutcome, read_stop_outcome, record_stop_outcome
 from batchline.observe.observers import ObserveSettings
 from batchline.observe.progress_log import ProgressLog
+from batchline.observe.status import last_run_ended
 from batchline.scheduler.progress import BatchProgress, ExcludedExecutor, StateOperatorProgress
 
 NOW = 1_800_000_000_000
@@ -81,3 +85,63 @@ def test_bad_observer_settings_say_what_to_pass():
     with pytest.raises(ConfigurationError, match="progress_records must be at least 1"):
         ObserveSettings(progress_records=0)
     assert ObserveSettings(metrics_port=0, dashboard_port=None).metrics_port == 0
+
+
+def released_lease(storage: CheckpointStorage, holder: str, acquired_at_ms: int) -> None:
+    storage.replace(LEASE_FILE, seal(LeaseRecord(holder, socket.gethostname(), os.getpid(), 2, 0, acquired_at_ms,
+                                                 acquired_at_ms + 5000).__dict__))
+
+
+def test_an_abandoned_location_does_not_show_the_graceful_stop_of_an_earlier_run(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path), warn=False)
+    record_stop_outcome(storage, StopOutcome("", "earlier", StopHow.GRACEFUL.value, NOW - 60_000, None))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    storage.replace(LEASE_FILE, seal(LeaseRecord("later", socket.gethostname(), dead.pid, 5, 10**15,
+                                                 NOW - 30_000).__dict__))
+    write_records(storage, record(NOW - 1000))
+    assert main(["status", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "abandoned: its driver died without releasing the lease" in text
+    assert "last stop" not in text
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_stop"] is None
+    # A new start reads the same: how the last run ended is the abandonment, not the old stop.
+    assert last_run_ended(Lease(storage, ManualClock(NOW)).read(), read_stop_outcome(storage)) == \
+        "was abandoned: its driver died without releasing the lease"
+
+
+def test_a_stop_recorded_by_the_last_holder_is_how_the_last_run_ended(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path), warn=False)
+    released_lease(storage, "last", NOW - 30_000)
+    record_stop_outcome(storage, StopOutcome("", "last", StopHow.GRACEFUL.value, NOW - 2000, NOW - 3000))
+    write_records(storage, record(NOW - 3000))
+    assert main(["status", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"{tmp_path}: stopped" in text and "  last stop: graceful, at " in text
+    assert last_run_ended(Lease(storage, ManualClock(NOW)).read(), read_stop_outcome(storage)) == \
+        f"stopped gracefully at {format_batch_time(NOW - 2000)}"
+
+
+def test_a_refused_start_shows_as_failed_naming_why(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path), warn=False)
+    released_lease(storage, "refused", NOW - 1000)
+    record_stop_outcome(storage, StopOutcome("", "refused", StopHow.FAILED.value, NOW - 900, None, [],
+                                             "start refused: operator 'op' keeps its state in 4 partitions"))
+    assert main(["status", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert f"{tmp_path}: failed" in text
+    assert "  last stop: failed (start refused: operator 'op' keeps its state in 4 partitions), at " in text
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["state"] == "failed"
+
+
+def test_a_mistyped_location_exits_3_saying_to_check_the_path(tmp_path, capsys):
+    missing = tmp_path / "chekpoint"
+    assert main(["status", str(missing)]) == 3
+    captured = capsys.readouterr()
+    assert captured.err.strip() == (f"batchline: nothing at {missing}: no checkpoint, lease or progress; "
+                                    "check the path")
+    assert not missing.exists()  # status reads; it creates nothing
+    assert main(["status", str(missing), "--json"]) == 3
+    assert json.loads(capsys.readouterr().out)["state"] == "empty"

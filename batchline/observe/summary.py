@@ -1,14 +1,18 @@
-"""One summary line per batch, printed by a listener."""
+"""One summary line per batch: logged at INFO by the listener every context adds (unless
+``log_batches=False``), or printed by the demo's."""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import TextIO
 
 from batchline.batch_time import format_batch_time
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 
-__all__ = ["BatchSummaryPrinter", "summary_line"]
+__all__ = ["BatchSummaryLogger", "BatchSummaryPrinter", "summary_line"]
+
+logger = logging.getLogger(__name__)
 
 
 def summary_line(info: BatchInfo) -> str:
@@ -40,3 +44,10 @@ class BatchSummaryPrinter(StreamingListener):
 
     def on_batch_completed(self, info: BatchInfo) -> None:
         print(summary_line(info), file=self._out, flush=True)
+
+
+class BatchSummaryLogger(StreamingListener):
+    """Logs each finished batch's summary line at INFO (a failed one at WARNING)."""
+
+    def on_batch_completed(self, info: BatchInfo) -> None:
+        logger.log(logging.WARNING if info.failure else logging.INFO, "%s", summary_line(info))
