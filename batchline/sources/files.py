@@ -191,13 +191,13 @@ class FileSource(Source):
             taken = int(start["taken"])
             files = list(end_of_input["listing"][taken:])[: self.max_files_per_batch]
             if files:
-                logger.info("Batch %s takes %d new files from %s", format_batch_time(at.batch_time_ms), len(files),
+                logger.debug("Batch %s takes %d new files from %s", format_batch_time(at.batch_time_ms), len(files),
                             self.path)
             return self._batch(start, {"taken": taken + len(files)}, files, None)
         seen = self._seen_at(start)
         new = self._new_files(seen)[: self.max_files_per_batch]
         if new:
-            logger.info("Batch %s takes %d new files from %s", format_batch_time(at.batch_time_ms), len(new),
+            logger.debug("Batch %s takes %d new files from %s", format_batch_time(at.batch_time_ms), len(new),
                         self.path)
         new.sort()  # read in name order
         files, mtimes = [name for name, _ in new], [modified for _, modified in new]
