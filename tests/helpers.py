@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 import socket
@@ -13,6 +14,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import TypeVar
 
 from batchline.clock import ManualClock
@@ -23,6 +25,18 @@ ROOT = Path(__file__).resolve().parent.parent
 """The repository's root."""
 DRIVERS = ROOT / "tests" / "drivers"
 """The driver scripts that kill tests start in processes of their own."""
+CHECKPOINT_FIXTURES = ROOT / "tests" / "fixtures" / "checkpoints"
+"""Checkpoint locations older code wrote, each with the pipeline code that wrote it."""
+
+
+def fixture_pipeline(name: str) -> ModuleType:
+    """The pipeline code a checkpoint fixture was written by (its ``pipeline.py``), loaded as
+    a restarted script would build the pipeline again."""
+    spec = importlib.util.spec_from_file_location(name, CHECKPOINT_FIXTURES / name / "pipeline.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class LogWatcher(logging.Handler):

@@ -2,27 +2,17 @@
 files, generated events and a DataFrame, with a batch logged after the last checkpoint that
 the old driver died in. Nothing is read twice and nothing is skipped."""
 
-import importlib.util
 import json
 import os
 import shutil
 
-from tests.helpers import ROOT
+from tests.helpers import CHECKPOINT_FIXTURES, fixture_pipeline
 
-FIXTURE = ROOT / "tests" / "fixtures" / "checkpoints" / "inputs_before_source"
-
-
-def fixture_pipeline():
-    """The fixture's own pipeline code (``pipeline.py``), as a restarted script builds it again."""
-    spec = importlib.util.spec_from_file_location("inputs_before_source", FIXTURE / "pipeline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+FIXTURE = CHECKPOINT_FIXTURES / "inputs_before_source"
 
 
 def test_a_checkpoint_of_the_inputs_before_source_restarts_exactly(spark, tmp_path):
-    old = fixture_pipeline()
+    old = fixture_pipeline("inputs_before_source")
     shutil.rmtree(old.FILES_AT.parent, ignore_errors=True)
     shutil.copytree(FIXTURE / "files", old.FILES_AT)
     for path in old.FILES_AT.iterdir():

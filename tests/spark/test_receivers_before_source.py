@@ -4,26 +4,16 @@ runs again with exactly the blocks it had logged; the block written ahead that n
 taken goes into the first batch after the restart; new blocks are numbered after the old
 ones. Every record is written once."""
 
-import importlib.util
 import json
 import shutil
 
-from tests.helpers import ROOT, LogWatcher, poll_until
+from tests.helpers import CHECKPOINT_FIXTURES, LogWatcher, fixture_pipeline, poll_until
 
-FIXTURE = ROOT / "tests" / "fixtures" / "checkpoints" / "receivers_before_source"
-
-
-def fixture_pipeline():
-    """The fixture's own pipeline code (``pipeline.py``), as a restarted script builds it again."""
-    spec = importlib.util.spec_from_file_location("receivers_before_source", FIXTURE / "pipeline.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+FIXTURE = CHECKPOINT_FIXTURES / "receivers_before_source"
 
 
 def test_a_checkpoint_of_the_receivers_before_source_restarts_exactly(spark, tmp_path):
-    old = fixture_pipeline()
+    old = fixture_pipeline("receivers_before_source")
     checkpoint = tmp_path / "checkpoint"
     shutil.copytree(FIXTURE / "checkpoint", checkpoint)
     first = {int(t): rows for t, rows in json.loads((FIXTURE / "first_run.json").read_text()).items()}
