@@ -13,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -20,11 +21,14 @@ import pytest
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import SystemClock
 from batchline.observe.status import read_status
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.spark  # each pipeline starts Spark in its own process
 
 PIPELINE = '''
+import os
 import sys
+import time
 
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
@@ -34,9 +38,25 @@ from batchline.spark import local_spark_session
 
 source, out, checkpoint, mode = sys.argv[1:5]
 spark = local_spark_session("local[1]", "batchline-signal-test", shuffle_partitions=1)
-ssc = StreamingContext(spark, "500ms", checkpoint=checkpoint, name="signals", log_batches=mode != "quiet")
+ssc = StreamingContext(spark, "500ms", checkpoint=checkpoint, name="signals", log_batches=mode != "quiet",
+                       graceful_stop_timeout="120s" if mode == "hold" else None)
 schema = StructType([StructField("user", StringType()), StructField("n", LongType())])
-ssc.file_stream(source, "json", schema=schema, settle=0).write_files(out, "json", name="out")
+events = ssc.file_stream(source, "json", schema=schema, settle=0)
+hold, holding = checkpoint + "-hold", checkpoint + "-holding"
+
+
+def held(batches):
+    """A task that waits while the hold file exists: a batch a graceful stop would wait for."""
+    for batch in batches:
+        while os.path.exists(hold):
+            open(holding, "w").close()
+            time.sleep(0.05)
+        yield batch
+
+
+if mode == "hold":
+    events = events.transform(lambda df: df.mapInArrow(held, df.schema), keeps_empty=True)
+events.write_files(out, "json", name="out")
 ssc.start()
 
 
@@ -84,13 +104,14 @@ class Script:
                 self._ready.set()
         self._ready.set()  # the process ended: stop_with finds it gone
 
-    def stop_with(self, signum: int) -> int:
+    def stop_with(self, signum: int, before_signal=lambda: None, timeout_s: float = 120) -> int:
         try:
             self._ready.wait(180)
             assert self.process.poll() is None and "ready" in self.out, \
                 "the pipeline never finished two batches:\n" + "\n".join(self.err[-40:])
+            before_signal()
             self.process.send_signal(signum)
-            code = self.process.wait(120)
+            code = self.process.wait(timeout_s)
         finally:
             if self.process.poll() is None:
                 self.process.kill()
@@ -163,3 +184,25 @@ def test_ctrl_c_stops_a_library_pipeline_gracefully_and_its_lines_show_without_l
     assert "Pipeline signals stopped (graceful)" in plain.stderr
     status = read_status(CheckpointStorage(str(checkpoint), warn=False), SystemClock())
     assert (status.state, status.last_stop and status.last_stop.how) == ("stopped", "graceful")
+
+
+def test_a_second_ctrl_c_stops_at_once_while_the_graceful_stop_waits_for_a_batch(tmp_path):
+    script, source, out, checkpoint = write_inputs(tmp_path)
+    hold, holding = Path(f"{checkpoint}-hold"), Path(f"{checkpoint}-holding")
+    held = Script([sys.executable, str(script), str(source), str(out), str(checkpoint), "hold"], tmp_path)
+
+    def hold_a_batch_then_ask_gracefully():
+        hold.touch()
+        (source / "b.json").write_text(json.dumps({"user": "z", "n": 9}) + "\n")
+        wait_for(holding.exists, "a batch held in its task", 60)
+        held.process.send_signal(signal.SIGINT)  # the graceful stop now waits for the held batch (up to 120 s)
+        wait_for(lambda: any(STOPPING.format("SIGINT") in line for line in held.err), "the graceful stop", 30)
+
+    started = time.monotonic()
+    assert held.stop_with(signal.SIGINT, hold_a_batch_then_ask_gracefully, timeout_s=60) == 0, held.stderr[-5000:]
+    assert time.monotonic() - started < 100  # not the graceful stop's 120 s
+    assert "Stopping at once on SIGINT: cancelling running batches" in held.stderr
+    assert "after await_termination: True" in held.out, held.out
+    assert "Traceback" not in held.stderr and "KeyboardInterrupt" not in held.stderr, held.stderr[-5000:]
+    status = read_status(CheckpointStorage(str(checkpoint), warn=False), SystemClock())
+    assert (status.state, status.last_stop and status.last_stop.how) == ("stopped", "immediate")
