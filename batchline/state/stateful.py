@@ -130,11 +130,8 @@ class StatefulRuntime(StreamRuntime):
     def __init__(self, node: StatefulNode, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
         super().__init__(node, env, parents)
         self.name = node.name
-        if env.checkpoint is None:
-            raise ConfigurationError(
-                f"stateful operator {node.name!r} keeps its state at the checkpoint location; "
-                "create the StreamingContext with checkpoint=<path or URL>"
-            )
+        # StreamGraph.validate refuses a stateful operator without a checkpoint location.
+        assert env.checkpoint is not None, f"stateful operator {node.name!r} runs without a checkpoint location"
         self._checkpoint = env.checkpoint
         self._files: StateStore = FileStateStore(env.checkpoint.storage, node.name)
         self.metadata: StateMetadata | None = None
