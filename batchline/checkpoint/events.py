@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchline.checkpoint.lease import FencedError
-from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, TornFileError, seal
 from batchline.errors import BatchlineError
 
 __all__ = ["JobEventStore", "EventPurger", "PurgeRecord", "PartitionFinished", "OperatorInitialized", "EVENTS",
@@ -160,6 +160,12 @@ class JobEventStore:
         try:
             self.storage.write_new(name, seal(record.to_json()))
         except FileExistsError:
+            try:
+                self.storage.read_sealed(name)
+            except TornFileError:  # an attempt killed while writing it: this attempt's record replaces it
+                self.storage.delete(name)
+                self.storage.write_new(name, seal(record.to_json()))
+                return
             logger.info("Partition %d of operator %s already recorded its finish of batch %d", record.partition,
                         record.operator, batch_time)
 
@@ -203,8 +209,11 @@ class JobEventStore:
     def is_completed(self, batch_time: int) -> bool:
         return self.completed(batch_time) is not None
 
-    def _is_tail(self, batch_time: int) -> bool:
-        return self.interval_ms is None or not self.storage.exists(_started(batch_time + self.interval_ms))
+    def _in_flight(self, batch_time: int) -> bool:
+        """Whether a crash could have cut a write of this batch's records short: no later batch
+        is committed. Batches commit in order, but later ones are logged, and their tasks write,
+        while this one still runs."""
+        return self.interval_ms is None or not self.storage.exists(_completed(batch_time + self.interval_ms))
 
     def _read(self, name: str, batch_time: int) -> dict[str, Any] | None:
         if not self.storage.exists(name):
@@ -212,13 +221,15 @@ class JobEventStore:
         try:
             return self.storage.read_sealed(name)
         except CorruptFileError as error:
-            if not self._is_tail(batch_time):
+            if not isinstance(error, TornFileError) or not self._in_flight(batch_time):
+                why = ("a later batch was committed after it" if isinstance(error, TornFileError)
+                       else "a crash cuts a write short but does not change its bytes")
                 raise CorruptFileError(
-                    f"{error}; later batches were logged after it, so it is not a crash's torn write. Restore the "
-                    "file from a backup, or move the checkpoint location aside and start fresh"
+                    f"{error}; {why}, so it is not a crash's torn write. Restore the file from a backup, or move "
+                    "the checkpoint location aside and start fresh"
                 ) from error
             # Torn while being written: what it records did not happen, and runs again.
-            logger.warning("Dropping torn record of batch %d at the tail of the job event log: %s", batch_time, error)
+            logger.warning("Dropping torn record of batch %d, which no later commit follows: %s", batch_time, error)
             self.storage.delete(name)
             return None
 

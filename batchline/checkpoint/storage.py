@@ -30,13 +30,19 @@ from fsspec.implementations.local import LocalFileSystem
 
 from batchline.errors import BatchlineError
 
-__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "fsync_path", "seal", "unseal"]
+__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "TornFileError", "fsync_path", "seal",
+           "unseal"]
 
 logger = logging.getLogger(__name__)
 
 
 class CorruptFileError(BatchlineError):
     """A stored file is torn or does not match its checksum."""
+
+
+class TornFileError(CorruptFileError):
+    """A stored file ends early: what a crash in the middle of writing it leaves (a flipped
+    byte is a plain ``CorruptFileError``)."""
 
 
 _MAGIC = b"BATCHLINE1"
@@ -71,12 +77,16 @@ def seal(payload: dict[str, Any]) -> bytes:
 
 
 def unseal(data: bytes, what: str) -> dict[str, Any]:
-    header, _, body = data.partition(b"\n")
+    header, newline, body = data.partition(b"\n")
     parts = header.split(b" ")
-    if len(parts) != 3 or parts[0] != _MAGIC:
-        raise CorruptFileError(f"{what} is torn or not a batchline file (bad header)")
-    if not parts[2].isdigit() or len(body) != int(parts[2]):
-        raise CorruptFileError(f"{what} is torn: {len(body)} of {parts[2].decode(errors='replace')} bytes")
+    if len(parts) != 3 or parts[0] != _MAGIC or not newline:
+        if not newline and (_MAGIC.startswith(header) or header.startswith(_MAGIC + b" ")):
+            raise TornFileError(f"{what} is torn (it ends inside its header)")
+        raise CorruptFileError(f"{what} is not a batchline file, or its header was altered")
+    if not parts[2].isdigit() or len(body) > int(parts[2]):
+        raise CorruptFileError(f"{what} was altered: {len(body)} bytes where its header says {parts[2].decode(errors='replace')}")
+    if len(body) < int(parts[2]):
+        raise TornFileError(f"{what} is torn: {len(body)} of {parts[2].decode()} bytes")
     if hashlib.sha256(body).hexdigest().encode() != parts[1]:
         raise CorruptFileError(f"{what} does not match its checksum")
     try:

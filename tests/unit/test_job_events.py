@@ -1,5 +1,6 @@
 """The job event store (SPEC F1): one log of what happened, records found by name, a torn
-record at the tail dropped with a WARN, corruption before it an error naming the record."""
+record of a batch no later commit follows dropped with a WARN, other damage an error naming
+the record."""
 
 import logging
 
@@ -7,7 +8,7 @@ import pytest
 
 from batchline.checkpoint.events import JobEventStore, OperatorInitialized, PartitionFinished
 from batchline.checkpoint.lease import FencedError
-from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
 
 
 def store(location, interval_ms=1000):
@@ -53,12 +54,56 @@ def test_a_torn_record_at_the_tail_is_dropped_with_a_warning(tmp_path, caplog):
     events.batch_started(2000, {"a": {}}, token=1)
     (tmp_path / "events" / "000000000002000" / "started.json").write_bytes(b"BATCHLINE1 deadbeef 99\n{\"ti")
     events.partition_finished(2000, finished(0))
-    (tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00000.json").write_bytes(b"torn")
+    (tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00000.json").write_bytes(b"BATCHLINE1 0f3a")
     with caplog.at_level(logging.WARNING, logger="batchline.checkpoint.events"):
         assert events.started(2000) is None  # never ran: it is generated anew
         assert events.finished(2000, "sessions", 0, 0) is None  # runs again
     assert sum("Dropping torn record of batch 2000" in r.getMessage() for r in caplog.records) == 2
     assert not (tmp_path / "events" / "000000000002000" / "started.json").exists()
+
+
+def test_a_torn_finish_record_while_later_batches_run_is_dropped(tmp_path):
+    """Later batches are logged, and their tasks write, while an earlier one still runs: a
+    crash can tear its finish record with several batches logged after it."""
+    events = store(tmp_path)
+    for t in (1000, 2000, 3000):
+        events.batch_started(t, {"a": {}}, token=1)
+    events.batch_completed(1000, token=1)
+    (tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00003.json").write_bytes(b"BATCHLI")
+    assert events.finished(2000, "sessions", 0, 3) is None
+    assert not (tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00003.json").exists()
+
+
+def test_a_torn_record_of_a_batch_a_later_commit_follows_is_an_error(tmp_path):
+    events = store(tmp_path)
+    for t in (1000, 2000):
+        events.batch_started(t, {"a": {}}, token=1)
+        events.partition_finished(t, finished(3))
+        events.batch_completed(t, token=1)
+    record = tmp_path / "events" / "000000000001000" / "finished-sessions-g0-p00003.json"
+    record.write_bytes(record.read_bytes()[:-5])
+    with pytest.raises(CorruptFileError, match=r"is torn: .*a later batch was committed after it"):
+        events.finished(1000, "sessions", 0, 3)
+    assert record.exists()
+
+
+def test_a_retried_task_replaces_the_finish_record_a_killed_attempt_tore(tmp_path):
+    events = store(tmp_path)
+    record = tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00003.json"
+    record.parent.mkdir(parents=True)
+    record.write_bytes(seal(finished(3).to_json())[:20])
+    events.partition_finished(2000, finished(3))
+    assert events.finished(2000, "sessions", 0, 3) == finished(3)
+
+
+def test_a_flipped_byte_is_damage_even_in_the_newest_batch(tmp_path):
+    events = store(tmp_path)
+    events.batch_started(1000, {"a": {}}, token=1)
+    events.partition_finished(1000, finished(3))
+    record = tmp_path / "events" / "000000000001000" / "finished-sessions-g0-p00003.json"
+    record.write_bytes(record.read_bytes().replace(b'"output_rows":3', b'"output_rows":4'))
+    with pytest.raises(CorruptFileError, match=r"does not match its checksum; a crash cuts a write short"):
+        events.finished(1000, "sessions", 0, 3)
 
 
 def test_corruption_before_the_tail_is_an_error_naming_the_record(tmp_path):
