@@ -18,6 +18,8 @@ from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
 from batchline.sinks.sink import BatchContext, PendingCommit, Sink, SinkContext
 from batchline.sources.receiver import Receiver
 from batchline.sources.source import DeadLetter, Source, SourceBatch
+from batchline.state import aggregates
+from batchline.state.aggregation import OutputMode, TimeWindow, window
 
 __all__ = [
     "BatchContext",
@@ -35,6 +37,7 @@ __all__ = [
     "KeyedStream",
     "ManualClock",
     "NoOutputOperationError",
+    "OutputMode",
     "PendingCommit",
     "Receiver",
     "RetryPolicy",
@@ -46,7 +49,10 @@ __all__ = [
     "StreamingContext",
     "StreamingListener",
     "SystemClock",
+    "TimeWindow",
     "WriteAttempt",
+    "aggregates",
+    "window",
 ]
 
 __version__ = "0.1.0"

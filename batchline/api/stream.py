@@ -21,6 +21,8 @@ from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink, WriteMode
 from batchline.sinks.sink import ForeachBatchSink, Sink
 from batchline.sources.queue import QueueSource
 from batchline.sources.source_input import SourceInput
+from batchline.state.aggregates import check_aggregates
+from batchline.state.aggregation import AggregationNode, OutputMode, TimeWindow
 from batchline.state.group_state import AtEnd, GroupStateTimeout
 from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
@@ -84,10 +86,18 @@ class Stream:
         watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay", allow_zero=True))
         return self._derive(WatermarkNode(self.node, watermark))
 
-    def group_by_key(self, *cols: str | Column) -> KeyedStream:
+    def group_by_key(self, *cols: str | Column | TimeWindow) -> KeyedStream:
+        """Group by key columns and, for ``aggregate``, at most one event-time window
+        (``batchline.window(column, length, slide)``)."""
         if not cols:
-            raise ConfigurationError("group_by_key needs at least one key column")
+            raise ConfigurationError("group_by_key needs at least one key column or a window")
         return KeyedStream(self, cols)
+
+    def aggregate(self, *aggregates: object, output_mode: OutputMode | str = OutputMode.UPDATE,
+                  name: str = "aggregate", expire_after: object | None = None) -> Stream:
+        """A running aggregation over the whole stream, without keys: see ``KeyedStream.aggregate``."""
+        return KeyedStream(self, ()).aggregate(*aggregates, output_mode=output_mode, name=name,
+                                               num_partitions=1, expire_after=expire_after)
 
     def count(self) -> Stream:
         """One row per batch: the number of rows in it, as column ``count``."""
@@ -167,17 +177,63 @@ class QueueStream(Stream):
 class KeyedStream:
     """A stream grouped by key columns, batch by batch."""
 
-    def __init__(self, stream: Stream, keys: Sequence[str | Column]) -> None:
+    def __init__(self, stream: Stream, keys: Sequence[str | Column | TimeWindow]) -> None:
         self.stream = stream
         self.keys = tuple(keys)
 
     def agg(self, *exprs: Column) -> Stream:
-        keys = self.keys
+        """Spark's aggregate expressions over each batch on its own; for totals across batches
+        (running or windowed), use ``aggregate``."""
+        keys = self._batch_keys("agg")
         return self.stream.transform(lambda df: df.groupBy(*keys).agg(*exprs), keeps_empty=True)
 
     def count(self) -> Stream:
-        keys = self.keys
+        """Rows per key in each batch on its own; for counts across batches, use
+        ``aggregate(aggregates.count())``."""
+        keys = self._batch_keys("count")
         return self.stream.transform(lambda df: df.groupBy(*keys).count(), keeps_empty=True)
+
+    def _batch_keys(self, what: str) -> tuple[str | Column, ...]:
+        if any(isinstance(k, TimeWindow) for k in self.keys):
+            raise ConfigurationError(
+                f"{what}() aggregates each batch on its own and an event-time window spans batches; use "
+                ".aggregate(aggregates.count(), ...) to aggregate windows across batches")
+        return cast(tuple[str | Column, ...], self.keys)
+
+    def aggregate(self, *aggregates: object, output_mode: OutputMode | str = OutputMode.UPDATE,
+                  name: str | None = None, num_partitions: int | None = None,
+                  expire_after: object | None = None) -> Stream:
+        """Aggregate across batches, per key and, when grouped by a ``window``, per event-time
+        window: Spark's streaming ``groupBy(...).agg(...)``. The aggregates are batchline's
+        (``from batchline import aggregates``: ``count``, ``sum``, ``min``, ``max``, ``avg``,
+        ``first``, ``last``, ``collect_list``, ``collect_set``); Spark computes each batch's
+        partials, the state keeps their merge.
+
+        Rows out: the key columns, ``window_start`` and ``window_end`` when windowed, one
+        column per aggregate (``count``, ``sum_amount``, ... or its ``alias``).
+
+        ``output_mode``: ``"update"`` (default) emits, every batch, the groups whose
+        aggregates changed; ``"append"`` emits each window once, final, in the batch where the
+        watermark passes its end (needs a window and ``with_watermark``). A partial whose
+        window has already ended at the watermark is late: dropped and counted.
+
+        ``expire_after`` (without a window): forget a key that long after its newest event
+        time, against the watermark, or without a watermark that long after its last update.
+        ``name`` keeps the state at the checkpoint location (keep it stable)."""
+        windows = [k for k in self.keys if isinstance(k, TimeWindow)]
+        if len(windows) > 1:
+            raise ConfigurationError("group by one window at most")
+        if not all(isinstance(k, (str, TimeWindow)) for k in self.keys):
+            raise ConfigurationError(
+                "an aggregation groups by column names; add computed keys with with_column first")
+        keys = tuple(str(k) for k in self.keys if isinstance(k, str))
+        checked = check_aggregates(aggregates, "aggregate()")
+        node = AggregationNode(self.stream.node, keys, windows[0] if windows else None, checked,
+                               output_mode=output_mode, name=name or "aggregate", num_partitions=num_partitions,
+                               expire_after=expire_after)
+        graph = self.stream.graph
+        graph.claim(node)
+        return Stream(node, graph)
 
     def flat_map_groups_with_state(
         self,
@@ -231,7 +287,8 @@ class KeyedStream:
                     initial_state: DataFrame | None, at_end: AtEnd | str) -> Stream:
         if not all(isinstance(k, str) for k in self.keys):
             raise ConfigurationError(
-                "a stateful operator groups by column names; add computed keys with with_column first"
+                "a stateful operator groups by column names (an event-time window is for aggregate()); add "
+                "computed keys with with_column first"
             )
         node = StatefulNode(
             self.stream.node, tuple(str(k) for k in self.keys), fn, flat=flat, state_schema=state_schema,

@@ -84,7 +84,8 @@ def unseal(data: bytes, what: str) -> dict[str, Any]:
             raise TornFileError(f"{what} is torn (it ends inside its header)")
         raise CorruptFileError(f"{what} is not a batchline file, or its header was altered")
     if not parts[2].isdigit() or len(body) > int(parts[2]):
-        raise CorruptFileError(f"{what} was altered: {len(body)} bytes where its header says {parts[2].decode(errors='replace')}")
+        declared = parts[2].decode(errors="replace")
+        raise CorruptFileError(f"{what} was altered: {len(body)} bytes where its header says {declared}")
     if len(body) < int(parts[2]):
         raise TornFileError(f"{what} is torn: {len(body)} of {parts[2].decode()} bytes")
     if hashlib.sha256(body).hexdigest().encode() != parts[1]:

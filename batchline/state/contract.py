@@ -76,6 +76,13 @@ class OperatorSpec:
     journal: JobEventStore | None = None
     """Where a task records that its partition finished (SPEC F2); None where nothing restarts
     (the state-function tester)."""
+    late_column: str | None = None
+    """The column compared with the watermark to drop late rows (``value <= watermark``, as
+    Spark's); None: no row is late. A state function's is its event-time column under
+    event-time timeouts; a window aggregation's, the window's end."""
+    rows_column: str | None = None
+    """The column that says how many input rows each row stands for (a partial aggregate's
+    count), for the rows and late rows counted; None: one each."""
 
     @property
     def operator(self) -> str:

@@ -45,7 +45,7 @@ from batchline.state.contract import (
     batch_params_from_property,
 )
 from batchline.state.entries import StateEntries, give_memory_back
-from batchline.state.group_state import NO_TIMESTAMP, GroupState, GroupStateTimeout, last_due
+from batchline.state.group_state import NO_TIMESTAMP, GroupState, last_due
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
     DELTA,
@@ -231,7 +231,7 @@ def _without_markers(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, set[int]]:
 def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch],
              stats: Stats) -> tuple[dict[Any, list[tuple[Any, ...]]], int | None]:
     """Rows by key, as named tuples, and the state partition the input's marker row names;
-    under event-time timeouts, rows at or before the watermark are late (as Spark's
+    rows whose ``late_column`` is at or before the watermark are late (as Spark's
     ``eventTime <= watermark``): dropped and counted."""
     groups: dict[Any, list[tuple[Any, ...]]] = {}
     make: Callable[[Iterable[Any]], tuple[Any, ...]] | None = None
@@ -241,20 +241,25 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
         named |= found
         if batch.num_rows == 0:
             continue
-        stats.rows += batch.num_rows
+        weights = None if spec.rows_column is None else batch.column(spec.rows_column)
+        stats.rows += batch.num_rows if weights is None else pc.sum(weights).as_py() or 0
         if spec.event_time_column is not None:
             times = pc.cast(batch.column(spec.event_time_column), pa.timestamp("us", tz="UTC"))
             newest = pc.max(times).as_py()
             if newest is not None:
                 newest_ms = int(newest.timestamp() * 1000)
                 stats.max_event_time_ms = max(stats.max_event_time_ms or newest_ms, newest_ms)
-            if params.watermark_ms is not None and spec.timeout is GroupStateTimeout.EVENT_TIME:
-                # As in Spark, late rows are dropped only under event-time timeouts.
-                late = pc.less_equal(times, pa.scalar(params.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
-                late_count = pc.sum(late).as_py() or 0
-                if late_count:
-                    stats.late_rows += late_count
-                    batch = batch.filter(pc.invert(pc.fill_null(late, False)))
+        if spec.late_column is not None and params.watermark_ms is not None:
+            column = batch.column(spec.late_column)
+            if pa.types.is_integer(column.type):  # epoch milliseconds
+                late = pc.less_equal(column, pa.scalar(params.watermark_ms, column.type))
+            else:
+                late = pc.less_equal(pc.cast(column, pa.timestamp("us", tz="UTC")),
+                                     pa.scalar(params.watermark_ms * 1000, pa.timestamp("us", tz="UTC")))
+            late = pc.fill_null(late, False)
+            if pc.any(late).as_py():
+                stats.late_rows += pc.sum(late if weights is None else pc.if_else(late, weights, 0)).as_py() or 0
+                batch = batch.filter(pc.invert(late))
         if make is None:
             make = _row_maker(batch.schema.names)
         columns = [as_python(column) for column in batch.columns]

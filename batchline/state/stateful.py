@@ -111,6 +111,24 @@ class StatefulNode(StreamNode):
         return (STATE_DIR, self.name)
 
     @property
+    def late_column(self) -> str | None:
+        """As in Spark, a state function's rows are dropped as late only under event-time timeouts."""
+        if self.timeout is GroupStateTimeout.EVENT_TIME and self.event_time is not None:
+            return self.event_time.column
+        return None
+
+    rows_column: str | None = None
+    """See ``OperatorSpec.rows_column``: a state function's input rows count one each."""
+
+    resolved = True
+    """Whether the state and output schemas are known (a built-in operator learns them from
+    its input's schema, in ``resolve``)."""
+
+    def resolve(self, input_schema: StructType) -> None:
+        """Called with the input's schema before the first batch is built; a built-in operator
+        whose state and output follow from its input's columns derives them here."""
+
+    @property
     def times_out_at_end(self) -> bool:
         """Whether every key with a timeout times out once the inputs have ended: event time
         reaches its end (the watermark passes every deadline); processing-time deadlines fire
@@ -187,7 +205,8 @@ class StatefulRuntime(StreamRuntime):
         if stored.timeout != node.timeout.name:
             logger.info("Operator %s changes its timeout kind from %s to %s", self.name, stored.timeout,
                         node.timeout.name)
-        node.state_schema.check_compatible(stored.state_schema, f"operator {self.name!r}")
+        if node.resolved:
+            node.state_schema.check_compatible(stored.state_schema, f"operator {self.name!r}")
         if node.initial_state is not None:
             logger.info("Operator %s resumes its stored state; the initial state is not applied again", self.name)
 
@@ -313,6 +332,10 @@ class StatefulRuntime(StreamRuntime):
     # ---------------------------------------------------------------- batches
     def compute(self, batch_time: int) -> DataFrame:
         node = self.node
+        if not node.resolved:
+            node.resolve(self.parent_frame(batch_time).schema)
+            if self.metadata is not None:
+                node.state_schema.check_compatible(self.metadata.state_schema, f"operator {self.name!r}")
         if self.finished_before(batch_time) or not self.has_rows(batch_time):
             return self.env.empty_frame(node.output_schema.struct)
         df = self.parent_frame(batch_time)
@@ -324,7 +347,7 @@ class StatefulRuntime(StreamRuntime):
             store=self._files, generation=metadata.generation, key_names=node.key_names,
             key_schema=metadata.key_schema, state=node.state_schema, output=node.output_schema, fn=node.fn,
             flat=node.flat, timeout=node.timeout, event_time_column=node.event_time.column if node.event_time else None,
-            journal=self._checkpoint.events,
+            journal=self._checkpoint.events, late_column=node.late_column, rows_column=node.rows_column,
         )
         task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
         batch = self._part_of(batch_time)

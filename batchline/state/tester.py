@@ -248,6 +248,7 @@ class StateFunctionTester:
             store=self.store, generation=_GENERATION, key_names=self.key_names, key_schema=key_schema,
             state=self.state_schema, output=self.output_schema, fn=self.fn, flat=self.flat, timeout=self.timeout,
             event_time_column=self.event_time_column,
+            late_column=self.event_time_column if self.timeout is GroupStateTimeout.EVENT_TIME else None,
         )
         return self._spec
 

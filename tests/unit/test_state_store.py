@@ -25,6 +25,7 @@ from batchline.state.contract import (
 )
 from batchline.state.execution import PartitionCache, load_partition, run_partition
 from batchline.state.schema import RowSchema
+from batchline.state.stateful import StatefulNode
 from batchline.state.store import (
     DELTA,
     SNAPSHOT,
@@ -36,7 +37,14 @@ from batchline.state.store import (
     StateStoreError,
     entries_table,
 )
+from batchline.streams.base import StreamNode, Watermark
+from batchline.streams.nodes import WatermarkNode
 from tests.helpers import Count, running_count
+
+
+class _Root(StreamNode):
+    def create_runtime(self, env, parents):
+        raise NotImplementedError
 
 KEYS = StructType([StructField("key", StringType())])
 INPUT = pa.schema([pa.field("key", pa.string()), pa.field("value", pa.int64()),
@@ -357,7 +365,8 @@ def test_a_marker_row_is_no_row_for_an_idle_partition_nor_for_the_watermark():
     store, cache = MemoryStateStore("op"), PartitionCache()
     idle = BatchParams(1000, None, 1, None, idle_partitions=(1,))
     assert run_marked(spec_for(store, sessions), idle, [marked([], 1)], cache) == ([], Stats(partitions=1 << 1))
-    spec = dataclasses.replace(spec_for(store, running_count, GroupStateTimeout.EVENT_TIME), event_time_column="ts")
+    spec = dataclasses.replace(spec_for(store, running_count, GroupStateTimeout.EVENT_TIME), event_time_column="ts",
+                               late_column="ts")
     late, on_time = dt.datetime(1970, 1, 1, 0, 0, 5, tzinfo=dt.UTC), dt.datetime(1970, 1, 1, 0, 1, tzinfo=dt.UTC)
     out, stats = run_marked(spec, BatchParams(2000, None, 1, 10_000), [marked([("a", 1, late), ("b", 1, on_time)], 0,
                                                                               at=1)], cache)
@@ -414,8 +423,11 @@ def test_a_failing_function_leaves_nothing_and_names_the_key(store):
 def test_event_time_rows_behind_the_watermark_are_dropped_and_counted_under_event_time_timeouts(timeout):
     """As Spark's FlatMapGroupsWithStateExec: late rows are dropped only with event-time timeouts."""
     store = MemoryStateStore("op")
+    node = StatefulNode(WatermarkNode(_Root(), Watermark("ts", 1000)), ("key",), running_count, flat=True,
+                        state_schema=STATE, output_schema="key string, count long", timeout=timeout, name="op",
+                        num_partitions=None, initial_state=None)
     spec = OperatorSpec(store, 0, ("key",), KEYS, STATE, RowSchema.of("key string, count long"), running_count,
-                        True, timeout, event_time_column="ts")
+                        True, timeout, event_time_column="ts", late_column=node.late_column)
     assert RowSchema.of(StructType([StructField("key", StringType()), StructField("value", LongType()),
                                     StructField("ts", TimestampType())])).arrow == INPUT  # what Spark sends
     times = pa.array([5_000_000, 9_000_000]).cast(INPUT.field("ts").type)  # 5 s and 9 s, in microseconds
