@@ -23,6 +23,7 @@ from batchline.sources.queue import QueueSource
 from batchline.sources.source_input import SourceInput
 from batchline.state.aggregates import check_aggregates
 from batchline.state.aggregation import AggregationNode, OutputMode, TimeWindow
+from batchline.state.deduplication import DeduplicationNode
 from batchline.state.group_state import AtEnd, GroupStateTimeout
 from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
@@ -92,6 +93,32 @@ class Stream:
         if not cols:
             raise ConfigurationError("group_by_key needs at least one key column or a window")
         return KeyedStream(self, cols)
+
+    def drop_duplicates(self, *columns: str, name: str = "drop_duplicates",
+                        num_partitions: int | None = None) -> Stream:
+        """Each key's first row (of ``columns``) passes; later ones are dropped, as Spark's
+        ``dropDuplicates``. After ``with_watermark``: rows at or before the watermark are late
+        (dropped and counted), and a key goes from the state once the watermark passes its
+        event time, which must then be one of ``columns`` (otherwise keys are kept for ever,
+        as in Spark, and a warning says so). Of a key's rows in one batch, the one with the
+        earliest event time passes."""
+        return self._deduplicate(columns, None, False, name, num_partitions)
+
+    def drop_duplicates_within_watermark(self, *columns: str, within: object | None = None,
+                                         name: str = "drop_duplicates", num_partitions: int | None = None) -> Stream:
+        """As Spark's ``dropDuplicatesWithinWatermark``: a key's first row passes, and rows
+        with the same ``columns`` are dropped until the watermark passes the first row's event
+        time plus ``within`` (default: the watermark's delay); then the key may pass again."""
+        return self._deduplicate(columns, within, True, name, num_partitions)
+
+    def _deduplicate(self, columns: tuple[str, ...], within: object | None, within_watermark: bool, name: str,
+                     num_partitions: int | None) -> Stream:
+        if not all(isinstance(c, str) for c in columns):
+            raise ConfigurationError("deduplication takes column names; add computed columns with with_column first")
+        node = DeduplicationNode(self.node, columns, within=within, within_watermark=within_watermark, name=name,
+                                 num_partitions=num_partitions)
+        self.graph.claim(node)
+        return Stream(node, self.graph)
 
     def aggregate(self, *aggregates: object, output_mode: OutputMode | str = OutputMode.UPDATE,
                   name: str = "aggregate", expire_after: object | None = None) -> Stream:

@@ -36,9 +36,8 @@ from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.aggregates import Aggregate
+from batchline.state.built_in import BuiltInNode
 from batchline.state.group_state import GroupState, GroupStateTimeout
-from batchline.state.schema import RowSchema
-from batchline.state.stateful import StatefulNode
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
 
@@ -206,10 +205,10 @@ class MergeIntoState:
         return (*head, *results)
 
 
-class AggregationNode(StatefulNode):
+class AggregationNode(BuiltInNode):
     """A running or windowed aggregation: its partial frame feeds a stateful operator whose
     state function is ``MergeIntoState``; state and output schemas follow from the partials'
-    types, known when the first batch is built (``resolve``)."""
+    types."""
 
     def __init__(self, parent: StreamNode, keys: tuple[str, ...], time_window: TimeWindow | None,
                  aggregates: tuple[Aggregate, ...], *, output_mode: OutputMode | str, name: str,
@@ -250,15 +249,12 @@ class AggregationNode(StatefulNode):
         event_time = None if watermark is None else watermark.column
         partials = TransformNode([parent], _PartialFrame(keys, time_window, aggregates, event_time), keeps_empty=True)
         key_names = (*keys, WINDOW_START) if time_window is not None else keys or (_ALL,)
-        empty = StructType([])
-        super().__init__(partials, key_names, _unresolved, flat=True, state_schema=empty, output_schema=empty,
-                         timeout=timeout, name=name, num_partitions=num_partitions, initial_state=None)
+        super().__init__(partials, key_names, timeout=timeout, name=name, num_partitions=num_partitions)
         self.user_keys = keys
         self.window = time_window
         self.aggregates = aggregates
         self.output_mode = mode
         self.expire_after_ms = expire_ms
-        self.resolved = False
         # The partials carry the newest event time of each group's rows: the watermark follows it.
         self.event_time = None if watermark is None else Watermark(_NEWEST, watermark.delay_ms)
 
@@ -276,9 +272,7 @@ class AggregationNode(StatefulNode):
             return None
         return Watermark(WINDOW_END, self.event_time.delay_ms)
 
-    def resolve(self, input_schema: StructType) -> None:
-        if self.resolved:
-            return
+    def derive(self, input_schema: StructType) -> tuple[MergeIntoState, StructType, StructType]:
         fields = {f.name: f.dataType for f in input_schema.fields}
         types = [[fields[_partial_name(i, j)] for j in range(len(a.stored_names()))]
                  for i, a in enumerate(self.aggregates)]
@@ -291,18 +285,12 @@ class AggregationNode(StatefulNode):
         if self.window is not None:
             out += [StructField(WINDOW_START, TimestampType()), StructField(WINDOW_END, TimestampType())]
         out += [StructField(a.name, a.result_type(ts)) for a, ts in zip(self.aggregates, types, strict=True)]
-        self.state_schema = RowSchema.of(StructType(state))
-        self.output_schema = RowSchema.of(StructType(out))
         names = input_schema.fieldNames()
-        self.fn = MergeIntoState(
+        merge = MergeIntoState(
             key_count=len(self.user_keys), constant_key=not self.user_keys and self.window is None,
             window_length=None if self.window is None else dt.timedelta(milliseconds=self.window.length_ms),
             append=self.output_mode is OutputMode.APPEND, first_partial=names.index(_partial_name(0, 0)),
             fields=tuple(len(ts) for ts in types), mergers=tuple(a.merger() for a in self.aggregates),
             finishers=tuple(a.finisher() for a in self.aggregates),
             newest_index=names.index(_NEWEST) if keeps_newest else None, expire_after_ms=self.expire_after_ms)
-        self.resolved = True
-
-
-def _unresolved(key: Any, rows: Any, state: Any) -> Any:
-    raise AssertionError("an aggregation's state function is set when its first batch is built")
+        return merge, StructType(state), StructType(out)

@@ -1,0 +1,47 @@
+"""The base of the built-in stateful operators (aggregations, deduplication): a stateful
+operator whose state function and schemas follow from its input's columns, known when its
+first batch is built."""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import Callable
+from typing import Any
+
+from pyspark.sql.types import StructType
+
+from batchline.state.group_state import GroupStateTimeout
+from batchline.state.schema import RowSchema
+from batchline.state.stateful import StatefulNode
+from batchline.streams.base import StreamNode
+
+__all__ = ["BuiltInNode"]
+
+
+class BuiltInNode(StatefulNode):
+    """A built-in stateful operator over ``partials`` (a frame Spark computes from the
+    stream's rows). ``derive`` gives its state function, state and output schemas."""
+
+    resolved = False
+
+    def __init__(self, partials: StreamNode, key_names: tuple[str, ...], *, timeout: GroupStateTimeout, name: str,
+                 num_partitions: int | None) -> None:
+        empty = StructType([])
+        super().__init__(partials, key_names, _unresolved, flat=True, state_schema=empty, output_schema=empty,
+                         timeout=timeout, name=name, num_partitions=num_partitions, initial_state=None)
+
+    def resolve(self, input_schema: StructType) -> None:
+        if self.resolved:
+            return
+        fn, state, output = self.derive(input_schema)
+        self.fn, self.state_schema, self.output_schema = fn, RowSchema.of(state), RowSchema.of(output)
+        self.resolved = True
+
+    @abstractmethod
+    def derive(self, input_schema: StructType) -> tuple[Callable[..., Any], StructType, StructType]:
+        """The state function (plain data: it is pickled into the tasks), the state's schema and
+        the output's, from the schema of the partials."""
+
+
+def _unresolved(key: Any, rows: Any, state: Any) -> Any:
+    raise AssertionError("a built-in operator's state function is set when its first batch is built")

@@ -1,0 +1,145 @@
+"""Deduplication (``Stream.drop_duplicates``, ``Stream.drop_duplicates_within_watermark``),
+built on the stateful operator, with Spark's semantics.
+
+Each batch, Spark reduces the rows in the JVM to one per key and event time (``_PartialFrame``:
+the smallest such row, so that a batch that runs again picks the same one, and how many rows it
+stands for). The stateful operator drops those at or before the watermark as late (counted)
+and calls ``KeepFirst`` per key: a key seen before (its state still kept) drops them all; a
+new key passes its row with the earliest event time and keeps the key until it expires:
+
+- ``drop_duplicates(cols)``: when the watermark reaches the key's event time (Spark keeps a
+  key while its event-time column, part of the key, is above the watermark); a key without
+  the event-time column is kept for ever, as in Spark;
+- ``drop_duplicates_within_watermark(cols, within)``: when the watermark reaches the first
+  row's event time plus ``within`` (by default the watermark's delay, as Spark's
+  ``dropDuplicatesWithinWatermark``).
+
+As in Spark, a key whose time is up in a batch still drops that batch's rows, and goes after it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import logging
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import LongType, StructField, StructType
+
+from batchline.durations import parse_duration_ms
+from batchline.errors import ConfigurationError
+from batchline.state.built_in import BuiltInNode
+from batchline.state.group_state import GroupState, GroupStateTimeout
+from batchline.streams.base import StreamNode
+from batchline.streams.nodes import TransformNode
+
+__all__ = ["DeduplicationNode", "KeepFirst"]
+
+logger = logging.getLogger(__name__)
+
+_ROWS = "__batchline_rows"
+_ROW = "__batchline_row"
+_EXPIRES = "expires_at_ms"
+
+
+class _PartialFrame:
+    """One row per key and event time: the smallest row (all columns, as a struct) and a count."""
+
+    def __init__(self, group: tuple[str, ...]) -> None:
+        self.group = group
+
+    def __call__(self, df: DataFrame) -> DataFrame:
+        return df.groupBy(*self.group).agg(F.count(F.lit(1)).alias(_ROWS),
+                                          F.min(F.struct(*[F.col(c) for c in df.columns])).alias(_ROW))
+
+
+@dataclasses.dataclass(frozen=True)
+class KeepFirst:
+    """The built-in state function of a deduplication; plain data, pickled into the tasks.
+    An input row is ``(*group columns, rows, row)``; the state is ``(expires at ms,)``."""
+
+    time_index: int | None
+    """Index of the event time in an input row; None without a watermark."""
+    row_index: int
+    expire_after_ms: int | None
+    """The key expires at its first row's event time plus this; None: kept for ever."""
+
+    def __call__(self, key: Any, rows: Iterator[tuple[Any, ...]], state: GroupState[tuple[Any, ...]]
+                 ) -> Iterable[Any]:
+        if state.has_timed_out:
+            state.remove()
+            return ()
+        if state.exists:
+            expires = state.get()[0]
+            if expires is not None:
+                if expires <= state.current_watermark_ms():
+                    state.remove()  # its rows of this batch were still duplicates
+                else:
+                    state.set_timeout_timestamp(expires - 1)
+            return ()
+        index = self.time_index
+        first = next(rows) if index is None else min(rows, key=lambda r: r[index])
+        if self.expire_after_ms is None or index is None:
+            state.update((None,))
+        else:
+            expires = _epoch_ms(first[index]) + self.expire_after_ms
+            state.update((expires,))
+            state.set_timeout_timestamp(expires - 1)  # fires once the watermark reaches it
+        return (first[self.row_index],)
+
+
+def _epoch_ms(value: dt.datetime) -> int:
+    return int(value.replace(tzinfo=dt.UTC).timestamp() * 1000) if value.tzinfo is None else int(
+        value.timestamp() * 1000)
+
+
+class DeduplicationNode(BuiltInNode):
+    """``drop_duplicates`` / ``drop_duplicates_within_watermark``: rows out are input rows."""
+
+    def __init__(self, parent: StreamNode, columns: tuple[str, ...], *, within: object | None, within_watermark: bool,
+                 name: str, num_partitions: int | None) -> None:
+        watermark = parent.watermark()
+        what = f"deduplication {name!r}"
+        if not columns:
+            raise ConfigurationError(f"{what} needs the columns that make a row a duplicate")
+        if within_watermark and watermark is None:
+            raise ConfigurationError(f"{what}: drop_duplicates_within_watermark needs a watermark; call "
+                                     "with_watermark(column, delay) first")
+        if within is not None and not within_watermark:
+            raise ConfigurationError(f"{what}: within= is for drop_duplicates_within_watermark")
+        time = None if watermark is None else watermark.column
+        if within_watermark:
+            assert watermark is not None
+            expire_ms: int | None = watermark.delay_ms if within is None else parse_duration_ms(within, "within")
+        elif time is not None and time in columns:
+            expire_ms = 0
+        else:
+            expire_ms = None
+            logger.warning("Deduplication %s keeps every key for ever: %s", name,
+                           "its columns do not include the watermark's column "
+                           f"{time!r} (add it, or use drop_duplicates_within_watermark)" if time is not None
+                           else "its stream has no watermark (call with_watermark(column, delay) first)")
+        group = columns if time is None or time in columns else (*columns, time)
+        timeout = GroupStateTimeout.EVENT_TIME if expire_ms is not None else GroupStateTimeout.NO_TIMEOUT
+        partials = TransformNode([parent], _PartialFrame(group), keeps_empty=True)
+        super().__init__(partials, columns, timeout=timeout, name=name, num_partitions=num_partitions)
+        self.group = group
+        self.expire_after_ms = expire_ms
+
+    @property
+    def late_column(self) -> str | None:
+        """A row at or before the watermark is late, as Spark's ``eventTime <= watermark``."""
+        return None if self.event_time is None else self.event_time.column
+
+    rows_column = _ROWS
+
+    def derive(self, input_schema: StructType) -> tuple[KeepFirst, StructType, StructType]:
+        row = input_schema[_ROW].dataType
+        assert isinstance(row, StructType)
+        names = input_schema.fieldNames()
+        time = None if self.event_time is None else names.index(self.event_time.column)
+        return (KeepFirst(time, names.index(_ROW), self.expire_after_ms),
+                StructType([StructField(_EXPIRES, LongType())]), row)
