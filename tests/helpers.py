@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
 import logging
 import os
@@ -99,6 +100,15 @@ def poll_until(predicate: Callable[[], T], timeout_s: float = 10, step_s: float 
         if time.monotonic() >= deadline or (stop is not None and stop()):
             return None
         time.sleep(step_s)
+
+
+def in_background(function: Callable[..., T], *args: object, **kwargs: object) -> Callable[[float | None], T]:
+    """``function(*args, **kwargs)`` in a thread of its own (e.g. an uninterrupted run beside
+    a kill test's kills); returns a callable that waits for its result, raising its error."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    future = pool.submit(function, *args, **kwargs)
+    pool.shutdown(wait=False)
+    return future.result
 
 
 def wait_for(predicate: Callable[[], T], what: str, timeout_s: float = 10, step_s: float = 0.005,
@@ -203,27 +213,55 @@ class LineServer:
 class DriverProcess:
     """A driver script of ``tests/drivers/`` in a process of its own, as kill tests start them:
     its stdout line ``started`` sets ``started``, and each ``completed <batch time> ...`` line
-    adds the batch time to ``completed``."""
+    adds the batch time to ``completed``.
 
-    def __init__(self, script: Path, *args: object) -> None:
-        self.process = subprocess.Popen([sys.executable, str(script), *(str(a) for a in args)],
+    ``warm=True`` starts it with ``--wait-for-go``: the script starts Spark, prints ``ready``
+    (which sets ``ready``) and waits for ``go()`` before it builds and starts its pipeline. A
+    kill test starts the next driver warm while it lets the current one run, so that the next
+    JVM's start-up overlaps the current run; the kill points it draws after ``started`` are
+    the same. (A kill meant for the JVM's start-up needs a driver started cold.)"""
+
+    def __init__(self, script: Path, *args: object, warm: bool = False) -> None:
+        self.process = subprocess.Popen([sys.executable, str(script), *(str(a) for a in args),
+                                         *(["--wait-for-go"] if warm else [])],
+                                        stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
                                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         self.completed: list[int] = []
+        self.ready = threading.Event()
         self.started = threading.Event()
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
         assert self.process.stdout is not None
         for line in self.process.stdout:
-            if line.startswith("started"):
+            if line.startswith("ready"):
+                self.ready.set()
+            elif line.startswith("started"):
                 self.started.set()
             elif line.startswith("completed "):
                 self.completed.append(int(line.split()[1]))
+
+    def go(self, timeout_s: float = 60) -> None:
+        """Let a driver started warm build and start its pipeline, once its Spark is up."""
+        assert self.process.stdin is not None, "go() is for a driver started warm"
+        assert self.ready.wait(timeout_s), "the warm driver did not start Spark"
+        self.process.stdin.write("go\n")
+        self.process.stdin.flush()
 
     def kill(self) -> None:
         """SIGKILL, and wait until it is gone."""
         self.process.kill()
         self.process.wait()
+        if self.process.stdin is not None:
+            self.process.stdin.close()
 
     def wait_exit(self, timeout_s: float) -> int:
         return self.process.wait(timeout_s)
+
+
+def wait_for_go() -> None:
+    """In a driver script started warm (``--wait-for-go``), after Spark started: say
+    ``ready`` and wait for the test's ``go``; a test that went away ends the driver."""
+    print("ready", flush=True)
+    if sys.stdin.readline().strip() != "go":
+        os._exit(1)  # Spark's non-daemon threads must not keep it alive

@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import DRIVERS, ROOT, DriverProcess, poll_until
+from tests.helpers import DRIVERS, ROOT, DriverProcess, in_background, poll_until
 
 DRIVER = DRIVERS / "chaos_driver.py"
 EXAMPLES = ROOT / "examples"
 FILES, PER_FILE = 30, 20
 
 
-def start_driver(incoming, out, checkpoint, *flags) -> DriverProcess:
-    return DriverProcess(DRIVER, incoming, out, checkpoint, *flags)
+def start_driver(incoming, out, checkpoint, *flags, warm=False) -> DriverProcess:
+    return DriverProcess(DRIVER, incoming, out, checkpoint, *flags, warm=warm)
 
 
 def write_inputs(incoming):
@@ -79,17 +79,19 @@ def jsonl_ids(out):
     return collections.Counter(row["id"] for row in committed_rows(str(out)))
 
 
-def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=FILES * PER_FILE, read=output_ids):
-    """Run a driver until every expected record is in the output (as ``read`` sees it) and a
-    few more batches passed."""
-    driver = start_driver(incoming, out, checkpoint, *flags)
+def finish(driver, out, *, timeout=180, expected=FILES * PER_FILE, read=output_ids, more=()):
+    """Let a started driver run until every expected record is in the output (as ``read``
+    sees it; and in each ``(out, expected, read)`` of ``more``) and a few more batches
+    passed; then kill it."""
+    outputs = [(out, expected, read), *more]
     deadline = time.monotonic() + timeout
     try:
-        if not poll_until(lambda: sum(read(out).values()) >= expected and len(driver.completed) >= 3, timeout,
-                          0.2, stop=lambda: driver.process.poll() is not None):
+        if not poll_until(lambda: all(sum(r(o).values()) >= e for o, e, r in outputs) and len(driver.completed) >= 3,
+                          timeout, 0.2, stop=lambda: driver.process.poll() is not None):
             if driver.process.poll() is not None:
                 return driver
-            raise TimeoutError(f"the driver did not finish the input; output has {sum(read(out).values())}")
+            raise TimeoutError("the driver did not finish the input; outputs have "
+                               f"{[sum(r(o).values()) for o, _, r in outputs]} of {[e for _, e, _ in outputs]}")
         seen = len(driver.completed)
         poll_until(lambda: len(driver.completed) >= seen + 2, max(0.0, deadline - time.monotonic()), 0.1)
         return driver
@@ -97,113 +99,108 @@ def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=F
         driver.kill()
 
 
-@pytest.fixture
-def inputs(tmp_path):
-    write_inputs(tmp_path / "in")
-    return tmp_path / "in"
+def run_to_completion(incoming, out, checkpoint, *flags, timeout=180, expected=FILES * PER_FILE, read=output_ids,
+                      more=()):
+    """Run a driver until every expected record is in the output (as ``read`` sees it) and a
+    few more batches passed."""
+    return finish(start_driver(incoming, out, checkpoint, *flags), out, timeout=timeout, expected=expected, read=read,
+                  more=more)
 
 
-def test_random_kill_9s_lose_and_duplicate_nothing(tmp_path, inputs):
-    reference = tmp_path / "reference-out"
-    run_to_completion(inputs, reference, tmp_path / "reference-checkpoint")
-    expected = output_ids(reference)
-    assert sorted(expected) == sorted(f"f{f:02d}-r{r:02d}" for f in range(FILES) for r in range(PER_FILE))
-    assert set(expected.values()) == {1}
+@pytest.fixture(scope="module")
+def inputs(tmp_path_factory):
+    """The input files, written once: every test reads them and none changes them."""
+    incoming = tmp_path_factory.mktemp("chaos-inputs") / "in"
+    write_inputs(incoming)
+    return incoming
 
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+
+ALL_IDS = collections.Counter(f"f{f:02d}-r{r:02d}" for f in range(FILES) for r in range(PER_FILE))
+
+
+def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_path, inputs):
+    """One driver writes three outputs of the same input files: the input rows with batchline's
+    file output, the same rows through the example's ``JsonLinesSink`` (a user's own
+    ``ExactlyOnceSink``: its commit taken by the engine after the batch's jobs), and running
+    totals per key of a stateful operator with batchline's file output (a batch whose state
+    change was applied twice, or lost, would write totals an uninterrupted run never writes).
+    It is killed anywhere (starting Spark, recovering, staging, committing, checkpointing);
+    every output then equals an uninterrupted run's: nothing lost, nothing duplicated."""
+    def outputs(root):
+        return root / "out", root / "jsonl-out", root / "stateful-out", root / "checkpoint"
+
+    def flags(root):
+        _, jsonl, stateful, _ = outputs(root)
+        return "--jsonl-out", jsonl, "--stateful-out", stateful
+
+    totals_expected = expected_totals()
+
+    def finish_all(driver, root):
+        out, jsonl, stateful, _ = outputs(root)
+        return finish(driver, out, more=[(jsonl, FILES * PER_FILE, jsonl_ids),
+                                         (stateful, sum(totals_expected.values()), output_ids)])
+
+    # The uninterrupted run, on checkpoint and outputs of its own, alongside the kills.
+    reference = tmp_path / "reference"
+    reference_done = in_background(
+        lambda: finish_all(start_driver(inputs, outputs(reference)[0], outputs(reference)[3], *flags(reference)),
+                           reference))
+
+    root = tmp_path / "killed"
+    out, jsonl, stateful, checkpoint = outputs(root)
     rng = random.Random(20261121)
-    kills, kills_mid_run = 0, 0
-    for attempt in range(22):
-        driver = start_driver(inputs, out, checkpoint)
-        if attempt % 5 == 4:
-            time.sleep(rng.uniform(0.5, 3.0))  # during start-up and recovery
-        else:
-            assert driver.started.wait(60), "the driver did not start"
-            # Anywhere in batch generation, job execution and checkpoint writing.
-            time.sleep(rng.uniform(0.0, 3.0))
-            kills_mid_run += 1
-        driver.kill()
-        kills += 1
-        seen = duckdb_ids(out)
-        assert seen == output_ids(out) and set(seen.values()) <= {1}, "DuckDB sees what the plain reader does not"
-    run_to_completion(inputs, out, checkpoint)
+    kills, kills_mid_run, kills_after_commits = 0, 0, 0
+    # The drivers killed after `started` are started warm, each while the one before it runs.
+    warm = start_driver(inputs, out, checkpoint, *flags(root), warm=True)
+    try:
+        for attempt in range(22):
+            if attempt % 5 == 4:
+                driver = start_driver(inputs, out, checkpoint, *flags(root))  # cold: the kill lands in its start-up
+                time.sleep(rng.uniform(0.5, 3.0))  # during start-up and recovery
+            else:
+                driver = warm
+                driver.go()
+                warm = start_driver(inputs, out, checkpoint, *flags(root), warm=True)
+                assert driver.started.wait(60), "the driver did not start"
+                kills_mid_run += 1
+                if attempt % 5 in (1, 3):  # within the batches after one completed: staging, commit, checkpoint
+                    poll_until(lambda d=driver: d.completed, 60, 0.05,
+                               stop=lambda d=driver: d.process.poll() is not None)
+                    time.sleep(rng.uniform(0.0, 1.5))
+                else:  # anywhere in batch generation, job execution and checkpoint writing
+                    time.sleep(rng.uniform(0.0, 4.0))
+            kills_after_commits += bool(driver.completed)
+            driver.kill()
+            kills += 1
+            seen = duckdb_ids(out)
+            assert seen == output_ids(out) and set(seen.values()) <= {1}, "DuckDB sees what the plain reader does not"
+            assert set(jsonl_ids(jsonl).values()) <= {1}, "a row was committed twice"
+            assert set(output_ids(stateful).values()) <= {1}, "a running total was written twice"
+
+        reference_done()
+        expected = output_ids(outputs(reference)[0])
+        assert sorted(expected) == sorted(ALL_IDS)
+        assert set(expected.values()) == {1}
+        assert jsonl_ids(outputs(reference)[1]) == ALL_IDS
+        assert output_ids(outputs(reference)[2]) == totals_expected
+
+        warm.go()
+        finish_all(warm, root)
+    finally:
+        warm.kill()
     got = output_ids(out)
     assert kills >= 20 and kills_mid_run >= 15
+    assert kills_after_commits >= 3, f"only {kills_after_commits} kills came after a batch completed"
     duplicated = {k: v for k, v in got.items() if v > 1}
     missing = set(expected) - set(got)
     assert not duplicated, f"duplicated records: {sorted(duplicated)[:10]}"
     assert not missing, f"lost records: {sorted(missing)[:10]}"
     assert got == expected
+    assert jsonl_ids(jsonl) == ALL_IDS
 
-
-def test_random_kill_9s_of_a_users_own_exactly_once_sink_lose_and_duplicate_nothing(tmp_path, inputs):
-    """The example's ``JsonLinesSink`` (an ``ExactlyOnceSink``: its commit taken by the engine
-    after the batch's jobs): killed anywhere (staging, committing, checkpointing, recovering),
-    every input row is read from its committed output exactly once."""
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    rng = random.Random(31)
-    kills_after_commits = 0
-    for kill in range(6):
-        driver = start_driver(inputs, out, checkpoint, "--jsonl-sink")
-        assert driver.started.wait(60), "the driver did not start"
-        if kill % 2:
-            time.sleep(rng.uniform(0.0, 3.0))  # anywhere: starting Spark, recovering, running batches
-        else:  # within the batches after one committed: staging, commit, checkpoint
-            poll_until(lambda d=driver: d.completed, 60, 0.05, stop=lambda d=driver: d.process.poll() is not None)
-            time.sleep(rng.uniform(0.0, 1.5))
-        kills_after_commits += bool(driver.completed)
-        driver.kill()
-        assert set(jsonl_ids(out).values()) <= {1}, "a row was committed twice"
-    run_to_completion(inputs, out, checkpoint, "--jsonl-sink", read=jsonl_ids)
-    assert kills_after_commits >= 3, f"only {kills_after_commits} kills came after a batch completed"
-    assert jsonl_ids(out) == collections.Counter(f"f{f:02d}-r{r:02d}" for f in range(FILES) for r in range(PER_FILE))
-
-
-def test_the_same_kill_duplicates_output_without_the_commit_protocol(tmp_path, inputs):
-    """The kill lands after a batch's output was written and before the batch committed."""
-    naive_out = tmp_path / "naive-out"
-    first = start_driver(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink", "--kill-after-first-write")
-    assert first.wait_exit(120) != 0  # it killed itself with SIGKILL
-    run_to_completion(inputs, naive_out, tmp_path / "naive-checkpoint", "--naive-sink")
-    naive = output_ids(naive_out)
-    assert any(count > 1 for count in naive.values()), "a plain append should have written a batch twice"
-
-    safe_out = tmp_path / "safe-out"
-    first = start_driver(inputs, safe_out, tmp_path / "safe-checkpoint", "--kill-after-first-write")
-    assert first.wait_exit(120) != 0
-    run_to_completion(inputs, safe_out, tmp_path / "safe-checkpoint")
-    safe = output_ids(safe_out)
-    assert set(safe.values()) == {1} and len(safe) == FILES * PER_FILE
-
-
-def test_a_kill_and_restart_on_a_cluster_master_with_separate_executors(tmp_path, inputs):
-    """local-cluster starts executor processes of their own: files, checkpoint and output all
-    live at locations every executor reaches, nothing on the driver alone."""
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    master = ("--master", "local-cluster[2,1,1024]")
-    first = start_driver(inputs, out, checkpoint, "--kill-after-first-write", *master)
-    assert first.wait_exit(180) != 0
-    run_to_completion(inputs, out, checkpoint, *master, timeout=240)
-    got = output_ids(out)
-    assert set(got.values()) == {1} and len(got) == FILES * PER_FILE
-
-
-def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_uninterrupted_run(
-        spark, tmp_path, inputs):
-    """Running totals per key: a batch whose state change were applied twice (or lost) would
-    write totals that an uninterrupted run never writes."""
-    expected = expected_totals()
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    rng = random.Random(4)
-    for attempt in range(8):
-        driver = start_driver(inputs, out, checkpoint, "--stateful")
-        assert driver.started.wait(60), "the driver did not start"
-        time.sleep(rng.uniform(1.0, 4.0) if attempt % 4 else rng.uniform(0.0, 1.0))
-        driver.kill()
-    run_to_completion(inputs, out, checkpoint, "--stateful", expected=sum(expected.values()))
-    got = output_ids(out)
-    assert got == expected, (f"missing {sorted(set(expected) - set(got))[:5]}, "
-                             f"unexpected {sorted(set(got) - set(expected))[:5]}")
+    got_totals = output_ids(stateful)
+    assert got_totals == totals_expected, (f"missing {sorted(set(totals_expected) - set(got_totals))[:5]}, "
+                                           f"unexpected {sorted(set(got_totals) - set(totals_expected))[:5]}")
     from batchline.state import read_state
 
     state = {row["k"]: (row["total"], row["count"]) for row in read_state(spark, str(checkpoint), "totals").collect()}
@@ -214,17 +211,40 @@ def test_random_kill_9s_of_a_stateful_pipeline_give_the_state_and_output_of_an_u
     assert state == totals
 
 
-def test_a_stateful_pipeline_survives_a_kill_on_a_cluster_master(tmp_path, inputs):
-    """State files are written by executor processes at the checkpoint location, and a
-    restarted driver's executors (new processes) read them back."""
+def test_the_same_kill_duplicates_output_without_the_commit_protocol(tmp_path, inputs):
+    """The kill lands after a batch's output was written and before the batch committed. The
+    plain append and batchline's output run side by side, each in drivers of its own."""
+    def killed_then_restarted(out, checkpoint, *flags):
+        first = start_driver(inputs, out, checkpoint, *flags, "--kill-after-first-write")
+        assert first.wait_exit(120) != 0  # it killed itself with SIGKILL
+        run_to_completion(inputs, out, checkpoint, *flags)
+        return output_ids(out)
+
+    naive_done = in_background(killed_then_restarted, tmp_path / "naive-out", tmp_path / "naive-checkpoint",
+                               "--naive-sink")
+    safe = killed_then_restarted(tmp_path / "safe-out", tmp_path / "safe-checkpoint")
+    naive = naive_done()
+    assert any(count > 1 for count in naive.values()), "a plain append should have written a batch twice"
+    assert set(safe.values()) == {1} and len(safe) == FILES * PER_FILE
+
+
+def test_a_kill_and_restart_on_a_cluster_master_with_separate_executors(tmp_path, inputs):
+    """local-cluster starts executor processes of their own: files, checkpoint and outputs all
+    live at locations every executor reaches, nothing on the driver alone. The driver writes
+    the input rows and a stateful pipeline's running totals, and kills itself once both
+    outputs wrote the first batch with rows: state files are written by executor processes
+    at the checkpoint location, and a restarted driver's executors (new processes) read them
+    back."""
     expected = expected_totals()
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    out, stateful, checkpoint = tmp_path / "out", tmp_path / "stateful-out", tmp_path / "checkpoint"
     master = ("--master", "local-cluster[2,1,1024]")
-    first = start_driver(inputs, out, checkpoint, "--stateful", "--kill-after-first-write", *master)
+    first = start_driver(inputs, out, checkpoint, "--stateful-out", stateful, "--kill-after-first-write", *master)
     assert first.wait_exit(180) != 0
-    run_to_completion(inputs, out, checkpoint, "--stateful", *master, timeout=240,
-                      expected=sum(expected.values()))
-    assert output_ids(out) == expected
+    run_to_completion(inputs, out, checkpoint, "--stateful-out", stateful, *master, timeout=240,
+                      more=[(stateful, sum(expected.values()), output_ids)])
+    got = output_ids(out)
+    assert set(got.values()) == {1} and len(got) == FILES * PER_FILE
+    assert output_ids(stateful) == expected
 
 
 def test_a_task_that_fails_once_is_retried_without_applying_its_batch_twice(tmp_path, inputs):

@@ -1,7 +1,7 @@
 """A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
 
     python tests/drivers/chaos_driver.py IN OUT CHECKPOINT [--naive-sink | --jsonl-sink] [--kill-after-first-write]
-                                 [--stateful] [--master M]
+                                 [--stateful] [--jsonl-out DIR] [--stateful-out DIR] [--master M]
 
 ``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
 protocol); ``--jsonl-sink`` by the user's own exactly-once sink of ``examples/jsonl_sink.py``
@@ -12,12 +12,20 @@ with rows has been written, before the batch is committed (once: a marker file r
 after every batch, as ids ``k<key>-t<total>-c<count>``: a batch applied twice to the state,
 or not at all, shows. ``--fail-once`` makes the state function raise once, in the middle
 of a partition (give a master with task retries, e.g. ``local[2,2]``).
+
+More outputs of the same run, beside OUT's (so that one driver, killed, tests them all):
+``--jsonl-out DIR`` writes the input rows to DIR through the example's sink as well, and
+``--stateful-out DIR`` writes the ``--stateful`` totals to DIR with batchline's file output
+(its state named ``totals`` in the checkpoint, as with ``--stateful``). With
+``--kill-after-first-write``, the kill comes once every file output (OUT's and
+``--stateful-out``'s) has written the first batch with rows, before the batch is committed.
 """
 
 import argparse
 import os
 import signal
 import sys
+import threading
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -28,6 +36,7 @@ from pyspark.sql.types import IntegerType, StringType, StructField, StructType  
 from batchline import StreamingContext, StreamingListener  # noqa: E402
 from batchline.sinks.files import FileSink  # noqa: E402
 from batchline.spark import local_spark_session  # noqa: E402
+from tests.helpers import wait_for_go  # noqa: E402
 
 SCHEMA = StructType([StructField("id", StringType(), False), StructField("n", IntegerType(), False)])
 
@@ -47,34 +56,56 @@ def main() -> None:
     parser.add_argument("--kill-after-first-write", action="store_true")
     parser.add_argument("--stateful", action="store_true")
     parser.add_argument("--fail-once", action="store_true")
+    parser.add_argument("--jsonl-out")
+    parser.add_argument("--stateful-out")
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--wait-for-go", action="store_true")  # tests.helpers.DriverProcess(warm=True)
     args = parser.parse_args()
 
     spark = local_spark_session(args.master, "chaos-driver", shuffle_partitions=2)
+    if args.wait_for_go:
+        wait_for_go()
     ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s")
     ssc.add_listener(Progress())
     events = ssc.file_stream(args.incoming, "json", SCHEMA, settle=0, max_files_per_batch=1)
-    if args.stateful:
-        events = events.with_column("k", F.col("n") % 7).group_by_key("k").flat_map_groups_with_state(
+    totals = None
+    if args.stateful or args.stateful_out:
+        totals = events.with_column("k", F.col("n") % 7).group_by_key("k").flat_map_groups_with_state(
             make_running_total(args.checkpoint + ".failed" if args.fail_once else None),
             state_schema="total long, count long", output_schema="id string", name="totals",
             num_partitions=3)
+    if args.stateful:
+        events = totals
     marker = Path(args.checkpoint + ".killed")
-    sink = FileSink(args.out, "json")
+    file_outputs = [args.out] + ([args.stateful_out] if args.stateful_out else [])
+    written: dict[int, set[str]] = {}
+    lock = threading.Lock()
 
-    def write(df, batch_time):
-        if args.naive_sink:
-            df.write.mode("append").json(args.out)
-        else:
-            sink.write(df, batch_time)
-        if args.kill_after_first_write and not marker.exists() and df.take(1):
-            marker.write_text(str(batch_time))
-            os.kill(os.getpid(), signal.SIGKILL)
+    def writer(out):
+        sink = FileSink(out, "json")
+
+        def write(df, batch_time):
+            if args.naive_sink:
+                df.write.mode("append").json(out)
+            else:
+                sink.write(df, batch_time)
+            if args.kill_after_first_write and not marker.exists() and df.take(1):
+                with lock:
+                    written.setdefault(int(batch_time), set()).add(out)
+                    if len(written[int(batch_time)]) == len(file_outputs):
+                        marker.write_text(str(batch_time))
+                        os.kill(os.getpid(), signal.SIGKILL)
+
+        return write
 
     if args.jsonl_sink:
         events.write(jsonl_sink().JsonLinesSink(args.out), name="out")
     else:
-        events.foreach_batch(write, name="out")
+        events.foreach_batch(writer(args.out), name="out")
+    if args.jsonl_out:
+        events.write(jsonl_sink().JsonLinesSink(args.jsonl_out), name="jsonl")
+    if args.stateful_out:
+        totals.foreach_batch(writer(args.stateful_out), name="totals-out")
     print("started", flush=True)
     ssc.start()
     ssc.await_termination()
