@@ -9,7 +9,7 @@ import time
 import psycopg
 import redis
 
-from tests.helpers import DRIVERS, DriverProcess, poll_until
+from tests.helpers import DRIVERS, DriverProcess, in_background, poll_until
 
 DRIVER = DRIVERS / "connectors_driver.py"
 USERS, EVENTS, KILLS = 12, 1500, 20
@@ -30,8 +30,8 @@ def expected_rows():
     return sorted(rows), sorted((user, *t) for user, t in totals.items())
 
 
-def start_driver(redis_url, dsn, checkpoint, suffix, *flags) -> DriverProcess:
-    return DriverProcess(DRIVER, redis_url, dsn, checkpoint, suffix, *flags)
+def start_driver(redis_url, dsn, checkpoint, suffix, *flags, warm=False) -> DriverProcess:
+    return DriverProcess(DRIVER, redis_url, dsn, checkpoint, suffix, *flags, warm=warm)
 
 
 def create_tables(dsn, suffix):
@@ -59,7 +59,20 @@ def append_all(client, stop_early):
             time.sleep(0.5)
 
 
+def clean_run(redis_url, dsn, checkpoint):
+    """The uninterrupted run: reads the stream as it is (every entry appended) to its end."""
+    clean = start_driver(redis_url, dsn, checkpoint, "clean", "--bounded")
+    try:
+        assert clean.process.wait(240) == 0
+    finally:
+        clean.kill()
+
+
 def test_killed_driver_writes_postgres_exactly_once(redis_server, postgres_server, tmp_path):
+    """Each driver is started warm while the one before it runs (its Spark starts meanwhile)
+    and told to go once that one was killed; the kill points are drawn from its ``started``
+    as ever. The uninterrupted run reads the stream once every entry was appended, alongside
+    the kills."""
     client = redis.Redis.from_url(redis_server.url)
     client.delete("events")
     dsn = postgres_server.dsn
@@ -71,12 +84,16 @@ def test_killed_driver_writes_postgres_exactly_once(redis_server, postgres_serve
     writer.start()
     checkpoint = tmp_path / "chaos"
     kills_after_commits = 0
+    clean = None
+    warm = start_driver(redis_server.url, dsn, checkpoint, "chaos", warm=True)
     try:
         for _ in range(KILLS):
-            driver = start_driver(redis_server.url, dsn, checkpoint, "chaos")
+            driver = warm
+            driver.go()
+            warm = start_driver(redis_server.url, dsn, checkpoint, "chaos", warm=True)
             assert driver.started.wait(60), "the driver did not start"
             if rng.random() < 0.5:
-                time.sleep(rng.uniform(0, 8))  # anywhere: starting Spark, restarting, running batches
+                time.sleep(rng.uniform(0, 8))  # anywhere: restarting, running batches
             else:
                 poll_until(lambda d=driver: len(d.completed) >= 1, 60, 0.05,
                            stop=lambda d=driver: d.process.poll() is not None)
@@ -84,16 +101,22 @@ def test_killed_driver_writes_postgres_exactly_once(redis_server, postgres_serve
             kills_after_commits += bool(driver.completed)
             assert driver.process.poll() is None, "the driver exited before it was killed"
             driver.kill()
+            if clean is None and not writer.is_alive():
+                clean = in_background(clean_run, redis_server.url, dsn, tmp_path / "clean")
         writer.join(120)
         assert not writer.is_alive()
-        driver = start_driver(redis_server.url, dsn, checkpoint, "chaos")
-        poll_until(lambda: len(table_rows(dsn, "chaos")[0]) >= EVENTS and len(driver.completed) >= 3, 180, 1)
+        driver = warm
+        driver.go()
+        poll_until(lambda: len(table_rows(dsn, "chaos")[0]) >= EVENTS and len(driver.completed) >= 3, 180, 0.2)
         driver.kill()
     finally:
         stop.set()
+        warm.kill()
 
-    clean = start_driver(redis_server.url, dsn, tmp_path / "clean", "clean", "--bounded")
-    assert clean.process.wait(240) == 0
+    if clean is None:
+        clean_run(redis_server.url, dsn, tmp_path / "clean")
+    else:
+        clean(300)
     expected_events, expected_totals = expected_rows()
     assert table_rows(dsn, "clean") == (expected_events, expected_totals)
     chaos_events, chaos_totals = table_rows(dsn, "chaos")

@@ -19,6 +19,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType  # n
 
 from batchline import StreamingContext, StreamingListener  # noqa: E402
 from batchline.spark import local_spark_session  # noqa: E402
+from tests.helpers import wait_for_go  # noqa: E402
 
 SCHEMA = StructType([StructField("user", StringType(), False), StructField("seq", LongType(), False),
                      StructField("amount", LongType(), False)])
@@ -44,9 +45,12 @@ def main() -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("suffix")
     parser.add_argument("--bounded", action="store_true")
+    parser.add_argument("--wait-for-go", action="store_true")  # tests.helpers.DriverProcess(warm=True)
     args = parser.parse_args()
 
     spark = local_spark_session("local[2]", "connectors-driver", shuffle_partitions=2)
+    if args.wait_for_go:
+        wait_for_go()
     ssc = StreamingContext(spark, "500ms", checkpoint=args.checkpoint, checkpoint_interval="1s")
     ssc.add_listener(Progress())
     events = ssc.redis_stream(args.redis_url, ["events"], name="events", schema=SCHEMA, max_records_per_batch=150,
