@@ -19,7 +19,7 @@ from batchline.sinks.sink import BatchContext, PendingCommit, Sink, SinkContext
 from batchline.sources.receiver import Receiver
 from batchline.sources.source import DeadLetter, Source, SourceBatch
 from batchline.state import aggregates
-from batchline.state.aggregation import OutputMode, TimeWindow, window
+from batchline.state.aggregation import OutputMode, SessionWindow, TimeWindow, session_window, window
 
 __all__ = [
     "BatchContext",
@@ -42,6 +42,7 @@ __all__ = [
     "Receiver",
     "RetryPolicy",
     "Sink",
+    "SessionWindow",
     "SinkContext",
     "Source",
     "SourceBatch",
@@ -52,6 +53,7 @@ __all__ = [
     "TimeWindow",
     "WriteAttempt",
     "aggregates",
+    "session_window",
     "window",
 ]
 

@@ -4,11 +4,23 @@ from __future__ import annotations
 
 import datetime as _dt
 
-__all__ = ["BatchTime", "END_OF_TIME_MS", "format_batch_time"]
+__all__ = ["BatchTime", "END_OF_TIME_MS", "epoch_ms", "format_batch_time"]
 
 END_OF_TIME_MS = 253_402_300_799_999
 """9999-12-31T23:59:59.999Z: the watermark once every input has ended, so every event-time
 timeout fires (Flink's final watermark); still a printable date and a valid Arrow timestamp."""
+
+
+_EPOCH = _dt.datetime(1970, 1, 1)  # noqa: DTZ001 - batchline hands timestamps out as naive UTC
+_MS = _dt.timedelta(milliseconds=1)
+
+
+def epoch_ms(value: _dt.datetime) -> int:
+    """A datetime as epoch milliseconds (rounded down); a naive one is UTC, as batchline hands
+    timestamps out."""
+    if value.tzinfo is not None:
+        value = value.astimezone(_dt.UTC).replace(tzinfo=None)
+    return (value - _EPOCH) // _MS
 
 
 def format_batch_time(ms: int) -> str:

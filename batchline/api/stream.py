@@ -22,7 +22,7 @@ from batchline.sinks.sink import ForeachBatchSink, Sink
 from batchline.sources.queue import QueueSource
 from batchline.sources.source_input import SourceInput
 from batchline.state.aggregates import check_aggregates
-from batchline.state.aggregation import AggregationNode, OutputMode, TimeWindow
+from batchline.state.aggregation import AggregationNode, OutputMode, SessionWindow, TimeWindow
 from batchline.state.deduplication import DeduplicationNode
 from batchline.state.group_state import AtEnd, GroupStateTimeout
 from batchline.state.stateful import StatefulNode
@@ -87,9 +87,9 @@ class Stream:
         watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay", allow_zero=True))
         return self._derive(WatermarkNode(self.node, watermark))
 
-    def group_by_key(self, *cols: str | Column | TimeWindow) -> KeyedStream:
+    def group_by_key(self, *cols: str | Column | TimeWindow | SessionWindow) -> KeyedStream:
         """Group by key columns and, for ``aggregate``, at most one event-time window
-        (``batchline.window(column, length, slide)``)."""
+        (``batchline.window(column, length, slide)`` or ``batchline.session_window(column, gap)``)."""
         if not cols:
             raise ConfigurationError("group_by_key needs at least one key column or a window")
         return KeyedStream(self, cols)
@@ -204,7 +204,7 @@ class QueueStream(Stream):
 class KeyedStream:
     """A stream grouped by key columns, batch by batch."""
 
-    def __init__(self, stream: Stream, keys: Sequence[str | Column | TimeWindow]) -> None:
+    def __init__(self, stream: Stream, keys: Sequence[str | Column | TimeWindow | SessionWindow]) -> None:
         self.stream = stream
         self.keys = tuple(keys)
 
@@ -221,7 +221,7 @@ class KeyedStream:
         return self.stream.transform(lambda df: df.groupBy(*keys).count(), keeps_empty=True)
 
     def _batch_keys(self, what: str) -> tuple[str | Column, ...]:
-        if any(isinstance(k, TimeWindow) for k in self.keys):
+        if any(isinstance(k, (TimeWindow, SessionWindow)) for k in self.keys):
             raise ConfigurationError(
                 f"{what}() aggregates each batch on its own and an event-time window spans batches; use "
                 ".aggregate(aggregates.count(), ...) to aggregate windows across batches")
@@ -230,11 +230,11 @@ class KeyedStream:
     def aggregate(self, *aggregates: object, output_mode: OutputMode | str = OutputMode.UPDATE,
                   name: str | None = None, num_partitions: int | None = None,
                   expire_after: object | None = None) -> Stream:
-        """Aggregate across batches, per key and, when grouped by a ``window``, per event-time
-        window: Spark's streaming ``groupBy(...).agg(...)``. The aggregates are batchline's
-        (``from batchline import aggregates``: ``count``, ``sum``, ``min``, ``max``, ``avg``,
-        ``first``, ``last``, ``collect_list``, ``collect_set``); Spark computes each batch's
-        partials, the state keeps their merge.
+        """Aggregate across batches, per key and, when grouped by a ``window`` or a
+        ``session_window``, per event-time window: Spark's streaming ``groupBy(...).agg(...)``.
+        The aggregates are batchline's (``from batchline import aggregates``: ``count``,
+        ``sum``, ``min``, ``max``, ``avg``, ``first``, ``last``, ``collect_list``,
+        ``collect_set``); Spark computes each batch's partials, the state keeps their merge.
 
         Rows out: the key columns, ``window_start`` and ``window_end`` when windowed, one
         column per aggregate (``count``, ``sum_amount``, ... or its ``alias``).
@@ -247,10 +247,10 @@ class KeyedStream:
         ``expire_after`` (without a window): forget a key that long after its newest event
         time, against the watermark, or without a watermark that long after its last update.
         ``name`` keeps the state at the checkpoint location (keep it stable)."""
-        windows = [k for k in self.keys if isinstance(k, TimeWindow)]
+        windows = [k for k in self.keys if isinstance(k, (TimeWindow, SessionWindow))]
         if len(windows) > 1:
             raise ConfigurationError("group by one window at most")
-        if not all(isinstance(k, (str, TimeWindow)) for k in self.keys):
+        if not all(isinstance(k, (str, TimeWindow, SessionWindow)) for k in self.keys):
             raise ConfigurationError(
                 "an aggregation groups by column names; add computed keys with with_column first")
         keys = tuple(str(k) for k in self.keys if isinstance(k, str))

@@ -30,8 +30,9 @@ from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructField, StructType, TimestampType
+from pyspark.sql.types import ArrayType, StructField, StructType, TimestampType
 
+from batchline.batch_time import epoch_ms
 from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
@@ -41,7 +42,18 @@ from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
 
-__all__ = ["WINDOW_END", "WINDOW_START", "AggregationNode", "MergeIntoState", "OutputMode", "TimeWindow", "window"]
+__all__ = [
+    "WINDOW_END",
+    "WINDOW_START",
+    "AggregationNode",
+    "MergeIntoState",
+    "MergeSessions",
+    "OutputMode",
+    "SessionWindow",
+    "TimeWindow",
+    "session_window",
+    "window",
+]
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
@@ -95,18 +107,41 @@ def window(column: str, length: object, slide: object | None = None, start: obje
     return TimeWindow(column, length_ms, slide_ms, start_ms)
 
 
-class _PartialFrame:
-    """A batch's partial aggregates, computed by Spark: one row per key (and window)."""
+@dataclasses.dataclass(frozen=True)
+class SessionWindow:
+    """Session windows on event time, as Spark's ``session_window()``: a key's session lasts
+    while its events come less than ``gap_ms`` apart, and ends ``gap_ms`` after its last one."""
 
-    def __init__(self, keys: tuple[str, ...], time_window: TimeWindow | None, aggregates: tuple[Aggregate, ...],
-                 event_time: str | None) -> None:
-        self.keys, self.window, self.aggregates, self.event_time = keys, time_window, aggregates, event_time
+    column: str
+    gap_ms: int
+
+
+def session_window(column: str, gap: object) -> SessionWindow:
+    """Sessions of each key on the event time in ``column`` that close after ``gap`` without
+    an event (``"30 seconds"``, a timedelta); group by it:
+    ``stream.group_by_key(session_window("ts", "30 seconds"), "user")``. Sessions merge when
+    an event bridges them, also across batches."""
+    if not isinstance(column, str):
+        raise ConfigurationError(f"session_window() takes the event-time column's name; got {column!r}")
+    return SessionWindow(column, parse_duration_ms(gap, "session gap"))
+
+
+class _PartialFrame:
+    """A batch's partial aggregates, computed by Spark: one row per key and window (per key
+    and event time for session windows, so that each row is late or not as a whole)."""
+
+    def __init__(self, keys: tuple[str, ...], grouping: TimeWindow | SessionWindow | None,
+                 aggregates: tuple[Aggregate, ...], event_time: str | None) -> None:
+        self.keys, self.grouping, self.aggregates, self.event_time = keys, grouping, aggregates, event_time
 
     def __call__(self, df: DataFrame) -> DataFrame:
         group: list[Column] = [F.col(k) for k in self.keys]
-        if self.window is not None:
-            df = df.withColumn(_WINDOW, self.window.assign())
+        grouping = self.grouping
+        if isinstance(grouping, TimeWindow):
+            df = df.withColumn(_WINDOW, grouping.assign())
             group.append(F.col(_WINDOW))
+        elif isinstance(grouping, SessionWindow):
+            group.append(F.col(grouping.column))
         elif not group:
             group.append(F.lit(True).alias(_ALL))
         measures = [F.count(F.lit(1)).alias(_ROWS)]
@@ -115,11 +150,18 @@ class _PartialFrame:
         measures += [p.alias(_partial_name(i, j)) for i, a in enumerate(self.aggregates)
                      for j, p in enumerate(a.partials(self.event_time))]
         partials = df.groupBy(*group).agg(*measures)
-        if self.window is None:
-            return partials
-        rest = [c for c in partials.columns if c not in self.keys and c != _WINDOW]
-        return partials.select(*self.keys, F.col(f"{_WINDOW}.start").alias(WINDOW_START),
-                               F.unix_millis(F.col(f"{_WINDOW}.end")).alias(_END_MS), *rest)
+        rest = [c for c in partials.columns if c not in self.keys and c not in (_WINDOW, _ALL)]
+        if isinstance(grouping, TimeWindow):
+            return partials.select(*self.keys, F.col(f"{_WINDOW}.start").alias(WINDOW_START),
+                                   F.unix_millis(F.col(f"{_WINDOW}.end")).alias(_END_MS), *rest)
+        if isinstance(grouping, SessionWindow):
+            # Each row's own session ends a gap after it: the row is late once that end is not
+            # after the watermark (as Spark filters a session window's input rows).
+            rest.remove(grouping.column)
+            return partials.select(*self.keys, F.col(grouping.column).alias(WINDOW_START),
+                                   (F.unix_millis(F.col(grouping.column)) + F.lit(grouping.gap_ms)).alias(_END_MS),
+                                   *rest)
+        return partials
 
 
 def _partial_name(aggregate: int, field: int) -> str:
@@ -127,9 +169,50 @@ def _partial_name(aggregate: int, field: int) -> str:
 
 
 @dataclasses.dataclass(frozen=True)
+class _Partials:
+    """The aggregates' partial fields, side by side in a tuple: merged and finished together."""
+
+    fields: tuple[int, ...]
+    """How many partial fields each aggregate has, in order."""
+    mergers: tuple[Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]], ...]
+    finishers: tuple[Callable[[tuple[Any, ...]], Any], ...]
+
+    @classmethod
+    def of(cls, aggregates: tuple[Aggregate, ...]) -> _Partials:
+        return cls(tuple(len(a.stored_names()) for a in aggregates), tuple(a.merger() for a in aggregates),
+                   tuple(a.finisher() for a in aggregates))
+
+    @property
+    def width(self) -> int:
+        return sum(self.fields)
+
+    def merge(self, stored: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[Any, ...]:
+        merged: list[Any] = []
+        at = 0
+        for n, merge in zip(self.fields, self.mergers, strict=True):
+            merged += merge(stored[at:at + n], batch[at:at + n])
+            at += n
+        return tuple(merged)
+
+    def results(self, stored: tuple[Any, ...]) -> list[Any]:
+        results = []
+        at = 0
+        for n, finish in zip(self.fields, self.finishers, strict=True):
+            results.append(finish(stored[at:at + n]))
+            at += n
+        return results
+
+
+def _key_columns(key: Any, columns: int) -> tuple[Any, ...]:
+    """The key as the tuple of its columns (a key of one column is its value)."""
+    return key if columns > 1 else (key,)
+
+
+@dataclasses.dataclass(frozen=True)
 class MergeIntoState:
-    """The built-in state function: fold each group's partial of the batch into its stored
-    one, set its timer, and emit as the output mode says. Plain data, pickled into the tasks.
+    """The state function of a running or tumbling/sliding-window aggregation: fold each
+    group's partial of the batch into its stored one, set its timer, and emit as the output
+    mode says. Plain data, pickled into the tasks.
 
     A partial row is ``(*key columns, [window_start, window end ms], rows, [newest], *partial
     fields)``; the stored state is ``(*partial fields, [newest])``; a row out is ``(*key
@@ -143,10 +226,7 @@ class MergeIntoState:
     append: bool
     first_partial: int
     """Index of the first partial field in an input row."""
-    fields: tuple[int, ...]
-    """How many partial fields each aggregate has, in order."""
-    mergers: tuple[Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]], ...]
-    finishers: tuple[Callable[[tuple[Any, ...]], Any], ...]
+    partials: _Partials
     newest_index: int | None
     """Index of the newest event time in an input row, when it is kept (event-time expiry)."""
     expire_after_ms: int | None
@@ -159,7 +239,7 @@ class MergeIntoState:
             return (self._row_out(key, closed),) if self.append else ()
         stored = state.get_option()
         end_ms = None
-        width = sum(self.fields)
+        width = self.partials.width
         for row in rows:
             batch = row[self.first_partial:self.first_partial + width]
             if self.newest_index is not None:
@@ -175,42 +255,89 @@ class MergeIntoState:
             if self.newest_index is None:
                 state.set_timeout_duration(f"{self.expire_after_ms} ms")
             elif stored[-1] is not None:
-                newest_ms = int(stored[-1].replace(tzinfo=dt.UTC).timestamp() * 1000)
-                state.set_timeout_timestamp(max(newest_ms + self.expire_after_ms, state.current_watermark_ms()))
+                state.set_timeout_timestamp(max(epoch_ms(stored[-1]) + self.expire_after_ms,
+                                                state.current_watermark_ms()))
         return () if self.append else (self._row_out(key, stored),)
 
     def _merge(self, stored: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[Any, ...]:
-        merged: list[Any] = []
-        at = 0
-        for n, merge in zip(self.fields, self.mergers, strict=True):
-            merged += merge(stored[at:at + n], batch[at:at + n])
-            at += n
-        if self.newest_index is not None:
-            old, new = stored[-1], batch[-1]
-            merged.append(new if old is None or (new is not None and new > old) else old)
-        return tuple(merged)
+        merged = self.partials.merge(stored, batch)
+        if self.newest_index is None:
+            return merged
+        old, new = stored[-1], batch[-1]
+        return (*merged, new if old is None or (new is not None and new > old) else old)
 
     def _row_out(self, key: Any, stored: tuple[Any, ...]) -> tuple[Any, ...]:
-        if self.constant_key:
-            head: tuple[Any, ...] = ()
-        else:
-            head = key if isinstance(key, tuple) and (self.key_count + (self.window_length is not None)) > 1 else (key,)
+        windowed = self.window_length is not None
+        head = () if self.constant_key else _key_columns(key, self.key_count + windowed)
         if self.window_length is not None:
             head += (head[-1] + self.window_length,)
-        results = []
-        at = 0
-        for n, finish in zip(self.fields, self.finishers, strict=True):
-            results.append(finish(stored[at:at + n]))
-            at += n
-        return (*head, *results)
+        return (*head, *self.partials.results(stored))
+
+
+def _naive(values: list[Any]) -> list[Any]:
+    """Timestamps in a stored list come back time-zone aware; batchline's rows carry naive UTC."""
+    first = next((v for v in values if v is not None), None)
+    if isinstance(first, dt.datetime) and first.tzinfo is not None:
+        return [None if v is None else v.astimezone(dt.UTC).replace(tzinfo=None) for v in values]
+    return values
+
+
+@dataclasses.dataclass(frozen=True)
+class MergeSessions:
+    """The state function of a session-window aggregation. A key's state is its open
+    sessions, as columns: ``(starts, ends, *one list per partial field)``. Each partial row
+    of the batch is a session of its own, ``[event time, event time + gap)``; sessions merge
+    while one starts at or before another's end (as Spark's); a session whose end is at or
+    before the watermark closes (emitted in append mode) and leaves the state.
+
+    A partial row is ``(*key columns, event time, its session's end ms, rows, newest,
+    *partial fields)``; a row out is ``(*key columns, window_start, window_end, *results)``."""
+
+    key_count: int
+    gap: dt.timedelta
+    append: bool
+    first_partial: int
+    partials: _Partials
+
+    def __call__(self, key: Any, rows: Iterator[tuple[Any, ...]], state: GroupState[tuple[Any, ...]]
+                 ) -> Iterable[tuple[Any, ...]]:
+        stored = state.get_option()
+        sessions: list[tuple[Any, Any, tuple[Any, ...], bool]] = []  # start, end, partial, changed
+        if stored is not None:
+            starts, ends, *columns = (_naive(column) for column in stored)
+            sessions = [(start, end, tuple(c[i] for c in columns), False)
+                        for i, (start, end) in enumerate(zip(starts, ends, strict=True))]
+        width, at = self.partials.width, self.first_partial
+        sessions += [(row[self.key_count], row[self.key_count] + self.gap, row[at:at + width], True) for row in rows]
+        sessions.sort(key=lambda s: s[0])  # stable: a stored session before a new one of the same start
+        merged: list[tuple[Any, Any, tuple[Any, ...], bool]] = []
+        for session in sessions:
+            if merged and session[0] <= merged[-1][1]:
+                start, end, partial, changed = merged[-1]
+                merged[-1] = (start, max(end, session[1]), self.partials.merge(partial, session[2]),
+                              changed or session[3])
+            else:
+                merged.append(session)
+        watermark = state.current_watermark_ms()
+        open_sessions = [s for s in merged if epoch_ms(s[1]) > watermark]
+        emitted = [s for s in merged if epoch_ms(s[1]) <= watermark] if self.append else [s for s in merged if s[3]]
+        if open_sessions:
+            state.update((
+                [s[0] for s in open_sessions], [s[1] for s in open_sessions],
+                *([s[2][i] for s in open_sessions] for i in range(width))))
+            state.set_timeout_timestamp(min(epoch_ms(s[1]) for s in open_sessions) - 1)
+        elif stored is not None:
+            state.remove()
+        head = _key_columns(key, self.key_count) if self.key_count else ()
+        return [(*head, start, end, *self.partials.results(partial)) for start, end, partial, _ in emitted]
 
 
 class AggregationNode(BuiltInNode):
     """A running or windowed aggregation: its partial frame feeds a stateful operator whose
-    state function is ``MergeIntoState``; state and output schemas follow from the partials'
-    types."""
+    state function is ``MergeIntoState`` (``MergeSessions`` for session windows); state and
+    output schemas follow from the partials' types."""
 
-    def __init__(self, parent: StreamNode, keys: tuple[str, ...], time_window: TimeWindow | None,
+    def __init__(self, parent: StreamNode, keys: tuple[str, ...], grouping: TimeWindow | SessionWindow | None,
                  aggregates: tuple[Aggregate, ...], *, output_mode: OutputMode | str, name: str,
                  num_partitions: int | None, expire_after: object | None) -> None:
         mode = choose(OutputMode, output_mode, "output_mode")
@@ -223,11 +350,14 @@ class AggregationNode(BuiltInNode):
         clash = sorted(set(keys) & {a.name for a in aggregates})
         if clash:
             raise ConfigurationError(f"{what}: aggregate(s) {clash} are called like key columns; alias them")
-        if time_window is not None and watermark is not None and time_window.column != watermark.column:
+        if grouping is not None and watermark is not None and grouping.column != watermark.column:
             raise ConfigurationError(
-                f"{what}: the window is on {time_window.column!r} but the watermark on {watermark.column!r}; "
+                f"{what}: the window is on {grouping.column!r} but the watermark on {watermark.column!r}; "
                 f"window on the watermark's column, as Spark requires")
-        if mode is OutputMode.APPEND and (time_window is None or watermark is None):
+        if isinstance(grouping, SessionWindow) and watermark is None:
+            raise ConfigurationError(f"{what}: a session closes when the watermark passes its end; call "
+                                     "with_watermark(column, delay) first")
+        if mode is OutputMode.APPEND and (grouping is None or watermark is None):
             raise ConfigurationError(
                 f"{what}: output_mode='append' emits a window once the watermark passes its end, so it needs a "
                 "window and a watermark: group by window(column, length) after with_watermark(column, delay), "
@@ -237,21 +367,21 @@ class AggregationNode(BuiltInNode):
             raise ConfigurationError(f"{what}: {needs_time} pick by event time; call with_watermark(column, delay) "
                                      "first")
         expire_ms = None if expire_after is None else parse_duration_ms(expire_after, "expire_after")
-        if expire_ms is not None and time_window is not None:
+        if expire_ms is not None and grouping is not None:
             raise ConfigurationError(f"{what}: a window's state goes when the watermark passes its end; "
                                      "expire_after is for aggregations without a window")
-        if time_window is not None:
-            timeout = GroupStateTimeout.EVENT_TIME if watermark is not None else GroupStateTimeout.NO_TIMEOUT
-        elif expire_ms is not None:
+        if grouping is not None or expire_ms is not None:
             timeout = GroupStateTimeout.EVENT_TIME if watermark is not None else GroupStateTimeout.PROCESSING_TIME
         else:
             timeout = GroupStateTimeout.NO_TIMEOUT
+        if isinstance(grouping, TimeWindow) and watermark is None:
+            timeout = GroupStateTimeout.NO_TIMEOUT  # windows without a watermark never close, as in Spark
         event_time = None if watermark is None else watermark.column
-        partials = TransformNode([parent], _PartialFrame(keys, time_window, aggregates, event_time), keeps_empty=True)
-        key_names = (*keys, WINDOW_START) if time_window is not None else keys or (_ALL,)
+        partials = TransformNode([parent], _PartialFrame(keys, grouping, aggregates, event_time), keeps_empty=True)
+        key_names = (*keys, WINDOW_START) if isinstance(grouping, TimeWindow) else keys or (_ALL,)
         super().__init__(partials, key_names, timeout=timeout, name=name, num_partitions=num_partitions)
         self.user_keys = keys
-        self.window = time_window
+        self.grouping = grouping
         self.aggregates = aggregates
         self.output_mode = mode
         self.expire_after_ms = expire_ms
@@ -260,37 +390,46 @@ class AggregationNode(BuiltInNode):
 
     @property
     def late_column(self) -> str | None:
-        """A partial is late when its window ended at or before the watermark (Spark's ``window.end <= watermark``)."""
-        return _END_MS if self.window is not None and self.event_time is not None else None
+        """A partial is late when its window ended at or before the watermark (Spark's
+        ``window.end <= watermark``; for a session window, the row's own session's end)."""
+        return _END_MS if self.grouping is not None and self.event_time is not None else None
 
     rows_column = _ROWS
 
     def watermark(self) -> Watermark | None:
         """Downstream, event time is the window's end (as Spark's ``window.end``); a running
         aggregation's rows have none."""
-        if self.window is None or self.event_time is None:
+        if self.grouping is None or self.event_time is None:
             return None
         return Watermark(WINDOW_END, self.event_time.delay_ms)
 
-    def derive(self, input_schema: StructType) -> tuple[MergeIntoState, StructType, StructType]:
+    def derive(self, input_schema: StructType) -> tuple[MergeIntoState | MergeSessions, StructType, StructType]:
         fields = {f.name: f.dataType for f in input_schema.fields}
         types = [[fields[_partial_name(i, j)] for j in range(len(a.stored_names()))]
                  for i, a in enumerate(self.aggregates)]
-        state = [StructField(stored, t) for a, ts in zip(self.aggregates, types, strict=True)
-                 for stored, t in zip(a.stored_names(), ts, strict=True)]
-        keeps_newest = self.expire_after_ms is not None and self.event_time is not None
-        if keeps_newest:
-            state.append(StructField(_NEWEST, TimestampType()))
+        stored = [StructField(name, t) for a, ts in zip(self.aggregates, types, strict=True)
+                  for name, t in zip(a.stored_names(), ts, strict=True)]
         out = [StructField(k, fields[k]) for k in self.user_keys]
-        if self.window is not None:
+        if self.grouping is not None:
             out += [StructField(WINDOW_START, TimestampType()), StructField(WINDOW_END, TimestampType())]
         out += [StructField(a.name, a.result_type(ts)) for a, ts in zip(self.aggregates, types, strict=True)]
-        names = input_schema.fieldNames()
+        first_partial = input_schema.fieldNames().index(_partial_name(0, 0))
+        partials = _Partials.of(self.aggregates)
+        append = self.output_mode is OutputMode.APPEND
+        if isinstance(self.grouping, SessionWindow):
+            sessions = [StructField("session_start", ArrayType(TimestampType())),
+                        StructField("session_end", ArrayType(TimestampType()))]
+            sessions += [StructField(f.name, ArrayType(f.dataType)) for f in stored]
+            merge_sessions = MergeSessions(len(self.user_keys), dt.timedelta(milliseconds=self.grouping.gap_ms),
+                                           append, first_partial, partials)
+            return merge_sessions, StructType(sessions), StructType(out)
+        keeps_newest = self.expire_after_ms is not None and self.event_time is not None
+        if keeps_newest:
+            stored.append(StructField(_NEWEST, TimestampType()))
+        length = None if self.grouping is None else dt.timedelta(milliseconds=self.grouping.length_ms)
         merge = MergeIntoState(
-            key_count=len(self.user_keys), constant_key=not self.user_keys and self.window is None,
-            window_length=None if self.window is None else dt.timedelta(milliseconds=self.window.length_ms),
-            append=self.output_mode is OutputMode.APPEND, first_partial=names.index(_partial_name(0, 0)),
-            fields=tuple(len(ts) for ts in types), mergers=tuple(a.merger() for a in self.aggregates),
-            finishers=tuple(a.finisher() for a in self.aggregates),
-            newest_index=names.index(_NEWEST) if keeps_newest else None, expire_after_ms=self.expire_after_ms)
-        return merge, StructType(state), StructType(out)
+            key_count=len(self.user_keys), constant_key=not self.user_keys and self.grouping is None,
+            window_length=length, append=append, first_partial=first_partial, partials=partials,
+            newest_index=input_schema.fieldNames().index(_NEWEST) if keeps_newest else None,
+            expire_after_ms=self.expire_after_ms)
+        return merge, StructType(stored), StructType(out)

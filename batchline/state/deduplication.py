@@ -20,7 +20,6 @@ As in Spark, a key whose time is up in a batch still drops that batch's rows, an
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -29,6 +28,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
 
+from batchline.batch_time import epoch_ms
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.built_in import BuiltInNode
@@ -85,15 +85,10 @@ class KeepFirst:
         if self.expire_after_ms is None or index is None:
             state.update((None,))
         else:
-            expires = _epoch_ms(first[index]) + self.expire_after_ms
+            expires = epoch_ms(first[index]) + self.expire_after_ms
             state.update((expires,))
             state.set_timeout_timestamp(expires - 1)  # fires once the watermark reaches it
         return (first[self.row_index],)
-
-
-def _epoch_ms(value: dt.datetime) -> int:
-    return int(value.replace(tzinfo=dt.UTC).timestamp() * 1000) if value.tzinfo is None else int(
-        value.timestamp() * 1000)
 
 
 class DeduplicationNode(BuiltInNode):

@@ -42,6 +42,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.pandas.types import from_arrow_schema
 
+from batchline.batch_time import epoch_ms
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.contract import BatchParams, OperatorSpec, StateFunctionError, Stats
@@ -62,8 +63,7 @@ _UTC_MICROS = pa.timestamp("us", tz="UTC")
 
 def _epoch_ms(value: int | _dt.datetime, what: str) -> int:
     if isinstance(value, _dt.datetime):
-        aware = value if value.tzinfo is not None else value.replace(tzinfo=_dt.UTC)
-        return int(aware.timestamp() * 1000)
+        return epoch_ms(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigurationError(f"{what} is epoch milliseconds (an int) or a datetime; got {value!r}")
     return value

@@ -69,6 +69,20 @@ def expected_totals():
     return collections.Counter(ids)
 
 
+def expected_event_time_ids():
+    """What ``--event-time-out`` writes once every file was read: the 30 s windows of event
+    time ``n`` s that the watermark (the newest ``n`` minus 5 s) has passed, per key ``n % 3``,
+    with their counts and sums; and the first row of each ``n % 400``."""
+    newest = FILES * PER_FILE - 1
+    windows = collections.Counter()
+    for start in range(0, newest - 5 - 30 + 1, 30):
+        for k in range(3):
+            ns = [n for n in range(start, start + 30) if n % 3 == k]
+            windows[f"w{k}-{start}-c{len(ns)}-s{sum(ns)}"] += 1
+    firsts = collections.Counter(f"d{n % 400}-{n}" for n in range(FILES * PER_FILE) if n < 400)
+    return windows, firsts
+
+
 def jsonl_ids(out):
     """What a reader of the example's JSON-lines output sees: the rows its commit records name."""
     sys.path.insert(0, str(EXAMPLES))
@@ -123,7 +137,9 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
     file output, the same rows through the example's ``JsonLinesSink`` (a user's own
     ``ExactlyOnceSink``: its commit taken by the engine after the batch's jobs), and running
     totals per key of a stateful operator with batchline's file output (a batch whose state
-    change was applied twice, or lost, would write totals an uninterrupted run never writes).
+    change was applied twice, or lost, would write totals an uninterrupted run never writes);
+    besides, a windowed count in append mode and a deduplication on event time: each window
+    emitted once with its count and sum, each key's first row once.
     It is killed anywhere (starting Spark, recovering, staging, committing, checkpointing);
     every output then equals an uninterrupted run's: nothing lost, nothing duplicated."""
     def outputs(root):
@@ -131,14 +147,17 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
 
     def flags(root):
         _, jsonl, stateful, _ = outputs(root)
-        return "--jsonl-out", jsonl, "--stateful-out", stateful
+        return "--jsonl-out", jsonl, "--stateful-out", stateful, "--event-time-out", root / "event-time"
 
     totals_expected = expected_totals()
+    windows_expected, firsts_expected = expected_event_time_ids()
 
     def finish_all(driver, root):
         out, jsonl, stateful, _ = outputs(root)
         return finish(driver, out, more=[(jsonl, FILES * PER_FILE, jsonl_ids),
-                                         (stateful, sum(totals_expected.values()), output_ids)])
+                                         (stateful, sum(totals_expected.values()), output_ids),
+                                         (root / "event-time" / "windows", len(windows_expected), output_ids),
+                                         (root / "event-time" / "dedup", len(firsts_expected), output_ids)])
 
     # The uninterrupted run, on checkpoint and outputs of its own, alongside the kills.
     reference = tmp_path / "reference"
@@ -176,6 +195,8 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
             assert seen == output_ids(out) and set(seen.values()) <= {1}, "DuckDB sees what the plain reader does not"
             assert set(jsonl_ids(jsonl).values()) <= {1}, "a row was committed twice"
             assert set(output_ids(stateful).values()) <= {1}, "a running total was written twice"
+            assert set(output_ids(root / "event-time" / "windows").values()) <= {1}, "a window was emitted twice"
+            assert set(output_ids(root / "event-time" / "dedup").values()) <= {1}, "a first row passed twice"
 
         reference_done()
         expected = output_ids(outputs(reference)[0])
@@ -183,6 +204,8 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
         assert set(expected.values()) == {1}
         assert jsonl_ids(outputs(reference)[1]) == ALL_IDS
         assert output_ids(outputs(reference)[2]) == totals_expected
+        assert output_ids(reference / "event-time" / "windows") == windows_expected
+        assert output_ids(reference / "event-time" / "dedup") == firsts_expected
 
         warm.go()
         finish_all(warm, root)
@@ -197,6 +220,10 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
     assert not missing, f"lost records: {sorted(missing)[:10]}"
     assert got == expected
     assert jsonl_ids(jsonl) == ALL_IDS
+
+    # Every window emitted once, final, with the uninterrupted run's count and sum; every key's first row once.
+    assert output_ids(root / "event-time" / "windows") == windows_expected
+    assert output_ids(root / "event-time" / "dedup") == firsts_expected
 
     got_totals = output_ids(stateful)
     assert got_totals == totals_expected, (f"missing {sorted(set(totals_expected) - set(got_totals))[:5]}, "

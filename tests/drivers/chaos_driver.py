@@ -1,7 +1,8 @@
 """A pipeline driver for the crash tests: JSON files in, JSON files out, checkpointed.
 
     python tests/drivers/chaos_driver.py IN OUT CHECKPOINT [--naive-sink | --jsonl-sink] [--kill-after-first-write]
-                                 [--stateful] [--jsonl-out DIR] [--stateful-out DIR] [--master M]
+                                 [--stateful] [--jsonl-out DIR] [--stateful-out DIR] [--event-time-out DIR]
+                                 [--master M]
 
 ``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
 protocol); ``--jsonl-sink`` by the user's own exactly-once sink of ``examples/jsonl_sink.py``
@@ -16,7 +17,9 @@ of a partition (give a master with task retries, e.g. ``local[2,2]``).
 More outputs of the same run, beside OUT's (so that one driver, killed, tests them all):
 ``--jsonl-out DIR`` writes the input rows to DIR through the example's sink as well, and
 ``--stateful-out DIR`` writes the ``--stateful`` totals to DIR with batchline's file output
-(its state named ``totals`` in the checkpoint, as with ``--stateful``). With
+(its state named ``totals`` in the checkpoint, as with ``--stateful``);
+``--event-time-out DIR`` writes a windowed count in append mode and a deduplication on event
+time ``n`` seconds to DIR/windows and DIR/dedup (``write_event_time_outputs``). With
 ``--kill-after-first-write``, the kill comes once every file output (OUT's and
 ``--stateful-out``'s) has written the first batch with rows, before the batch is committed.
 """
@@ -33,7 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from pyspark.sql import functions as F  # noqa: E402
 from pyspark.sql.types import IntegerType, StringType, StructField, StructType  # noqa: E402
 
-from batchline import StreamingContext, StreamingListener  # noqa: E402
+from batchline import StreamingContext, StreamingListener, window  # noqa: E402
+from batchline import aggregates as agg  # noqa: E402
 from batchline.sinks.files import FileSink  # noqa: E402
 from batchline.spark import local_spark_session  # noqa: E402
 from tests.helpers import wait_for_go  # noqa: E402
@@ -58,6 +62,7 @@ def main() -> None:
     parser.add_argument("--fail-once", action="store_true")
     parser.add_argument("--jsonl-out")
     parser.add_argument("--stateful-out")
+    parser.add_argument("--event-time-out")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--wait-for-go", action="store_true")  # tests.helpers.DriverProcess(warm=True)
     args = parser.parse_args()
@@ -106,9 +111,26 @@ def main() -> None:
         events.write(jsonl_sink().JsonLinesSink(args.jsonl_out), name="jsonl")
     if args.stateful_out:
         totals.foreach_batch(writer(args.stateful_out), name="totals-out")
+    if args.event_time_out:
+        write_event_time_outputs(events, Path(args.event_time_out))
     print("started", flush=True)
     ssc.start()
     ssc.await_termination()
+
+
+def write_event_time_outputs(events, out):
+    """Event time ``n`` seconds: per key ``n % 3``, counts and sums of 30 s windows in append
+    mode (ids ``w<key>-<window start s>-c<count>-s<sum>``); and each ``n % 400`` once, the
+    later duplicate (400 s on) dropped (ids ``d<n % 400>-<n>``)."""
+    timed = events.with_column("ts", F.timestamp_seconds("n")).with_watermark("ts", "5 seconds")
+    windows = (timed.with_column("k", F.col("n") % 3)
+               .group_by_key(window("ts", "30 seconds"), "k")
+               .aggregate(agg.count(), agg.sum("n"), output_mode="append", name="windows", num_partitions=3))
+    windows.select(F.format_string("w%d-%d-c%d-s%d", "k", F.unix_seconds("window_start"), "count", "sum_n")
+                   .alias("id")).write_files(str(out / "windows"), "json", name="windows-out")
+    firsts = timed.with_column("d", F.col("n") % 400).drop_duplicates("d", name="dedup", num_partitions=3)
+    firsts.select(F.format_string("d%d-%d", "d", "n").alias("id")).write_files(str(out / "dedup"), "json",
+                                                                                name="dedup-out")
 
 
 def jsonl_sink():

@@ -6,7 +6,7 @@ import datetime as dt
 import pytest
 
 from batchline import aggregates as agg
-from batchline import window
+from batchline import session_window, window
 from batchline.errors import ConfigurationError
 from batchline.testing import BatchHarness
 
@@ -132,3 +132,46 @@ def test_aggregates_that_cannot_merge_are_refused_with_the_ones_that_can(spark, 
         stream.group_by_key("user").aggregate(agg.count(), output_mode="complete")
     with pytest.raises(ConfigurationError, match=r"use \.aggregate"):
         stream.group_by_key(window("ts", "1 minute")).count()
+
+
+def sessions(mode):
+    def build(stream):
+        return (stream.with_watermark("ts", "5 seconds")
+                .group_by_key(session_window("ts", "10 seconds"), "user")
+                .aggregate(agg.count(), agg.sum("amount"), output_mode=mode, name="sessions", num_partitions=2))
+    return build
+
+
+def test_session_windows_merge_across_batches_and_a_restart_and_close_on_the_watermark(spark, tmp_path):
+    h = harness(spark, tmp_path, sessions("append"))
+    try:
+        assert h.batch([("a", 1, at(10)), ("a", 2, at(15)), ("b", 7, at(12))]) == []  # a [10, 25), b [12, 22)
+        assert h.batch([("a", 3, at(30))]) == []  # a [30, 40) apart from [10, 25): the watermark is 10 s
+        restart_at = h.batch_time
+    finally:
+        h.stop()
+    h = BatchHarness(spark, sessions("append"), SCHEMA, checkpoint=str(tmp_path / "checkpoint"),
+                     start_ms=restart_at + 500).start()
+    try:
+        # a@20 bridges [10, 25) and [30, 40) into [10, 40); the watermark (25 s) closes b's
+        # session [12, 22); a@14's own session [14, 24) ended at the watermark: late.
+        assert h.batch([("a", 4, at(20)), ("a", 100, at(14)), ("c", 1, at(40))]) == [
+            {"user": "b", "window_start": naive(12), "window_end": naive(22), "count": 1, "sum_amount": 7}]
+        assert h.info().state_operators["sessions"].late_rows == 1
+        assert h.batch([("c", 1, at(50))]) == []  # the watermark is 35 s: [10, 40) is still open
+        assert h.batch([]) == [  # 45 s
+            {"user": "a", "window_start": naive(10), "window_end": naive(40), "count": 4, "sum_amount": 10}]
+    finally:
+        h.stop()
+
+
+def test_session_windows_in_update_mode_emit_the_sessions_that_changed(spark, tmp_path):
+    h = harness(spark, tmp_path, sessions("update"))
+    try:
+        assert h.batch([("a", 1, at(10)), ("a", 2, at(30))]) == [
+            {"user": "a", "window_start": naive(10), "window_end": naive(20), "count": 1, "sum_amount": 1},
+            {"user": "a", "window_start": naive(30), "window_end": naive(40), "count": 1, "sum_amount": 2}]
+        assert h.batch([("a", 5, at(35))]) == [
+            {"user": "a", "window_start": naive(30), "window_end": naive(45), "count": 2, "sum_amount": 7}]
+    finally:
+        h.stop()
