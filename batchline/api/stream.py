@@ -79,12 +79,18 @@ class Stream:
         slide_ms = None if slide_interval is None else parse_duration_ms(slide_interval, "slide interval")
         return self._derive(WindowNode(self.node, parse_duration_ms(window_length, "window length"), slide_ms))
 
-    def with_watermark(self, event_time_column: str, delay: object) -> Stream:
+    def with_watermark(self, event_time_column: str, delay: object, *, idle_timeout: object | None = None) -> Stream:
         """Track event time in ``event_time_column`` (a timestamp): the watermark is the newest
         event time seen minus ``delay`` ("0 seconds" allowed, as in Spark). Stateful operators
         downstream time out event-time timeouts against it and, when they use event-time
-        timeouts, drop the rows older than it and count them as late (SPEC D3)."""
-        watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay", allow_zero=True))
+        timeouts, drop the rows older than it and count them as late (SPEC D3).
+
+        ``idle_timeout``: once no row came for that long (processing time), event time is
+        taken to go on with the clock, so the watermark moves on and the last windows of a
+        quiet stream close (Flink's source idleness). Without it, as in Spark, the watermark
+        waits for the next row."""
+        idle_ms = None if idle_timeout is None else parse_duration_ms(idle_timeout, "idle timeout")
+        watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay", allow_zero=True), idle_ms)
         return self._derive(WatermarkNode(self.node, watermark))
 
     def group_by_key(self, *cols: str | Column | TimeWindow | SessionWindow) -> KeyedStream:

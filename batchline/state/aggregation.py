@@ -15,6 +15,10 @@ A windowed aggregation keeps one state key per key and window (the key columns a
 - ``update`` emits every window whose aggregates changed in the batch, and forgets a window
   silently once the watermark passes its end.
 
+A session-window aggregation (``MergeSessions``) keeps a key's open sessions in one state
+key. Its partials are one row per key and event time instead, so that each is late or not as
+a whole, as Spark filters a session window's rows one by one.
+
 A running aggregation (no window) keeps one state key per key and emits it in ``update``
 mode when it changes; ``expire_after`` forgets a key that long after its newest event time
 (against the watermark) or, without a watermark, after its last update.
@@ -386,7 +390,7 @@ class AggregationNode(BuiltInNode):
         self.output_mode = mode
         self.expire_after_ms = expire_ms
         # The partials carry the newest event time of each group's rows: the watermark follows it.
-        self.event_time = None if watermark is None else Watermark(_NEWEST, watermark.delay_ms)
+        self.event_time = None if watermark is None else dataclasses.replace(watermark, column=_NEWEST)
 
     @property
     def late_column(self) -> str | None:
@@ -401,7 +405,7 @@ class AggregationNode(BuiltInNode):
         aggregation's rows have none."""
         if self.grouping is None or self.event_time is None:
             return None
-        return Watermark(WINDOW_END, self.event_time.delay_ms)
+        return dataclasses.replace(self.event_time, column=WINDOW_END)
 
     def derive(self, input_schema: StructType) -> tuple[MergeIntoState | MergeSessions, StructType, StructType]:
         fields = {f.name: f.dataType for f in input_schema.fields}

@@ -155,6 +155,8 @@ class StatefulRuntime(StreamRuntime):
         self.metadata: StateMetadata | None = None
         self.prev_version: int | None = None
         self.max_event_time_ms: int | None = None
+        self.last_rows_at: int | None = None
+        """The time of the newest batch that brought the operator rows (for the idle timeout)."""
         self._batches: dict[int, OperatorBatch] = {}
         """The operator's part of each batch it is concerned with: the one thing kept per batch."""
         self._facts: dict[int, PartitionFacts] | None = None
@@ -255,6 +257,7 @@ class StatefulRuntime(StreamRuntime):
 
     def restore_progress(self, progress: dict[str, Any]) -> None:
         self.max_event_time_ms = progress.get("max_event_time_ms")
+        self.last_rows_at = progress.get("last_rows_at")
         self._drained = set(progress.get("finished_partitions", ()))
         self._finished_after = progress.get("finished_after")
         facts = progress.get("partitions")
@@ -262,7 +265,7 @@ class StatefulRuntime(StreamRuntime):
         self._facts_generation = progress.get("partitions_generation")
 
     def progress(self) -> dict[str, Any]:
-        progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms}
+        progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms, "last_rows_at": self.last_rows_at}
         if self._drained:
             progress.update(finished_partitions=sorted(self._drained), finished_after=self._finished_after)
         if self._facts is not None and self.metadata is not None:
@@ -379,16 +382,16 @@ class StatefulRuntime(StreamRuntime):
         batch = self.batch(batch_time)
         return batch is None or not batch.skipped
 
-    def watermark_ms(self) -> int | None:
+    def watermark_ms(self, batch_time: int) -> int | None:
         event_time = self.node.event_time
         if event_time is None or self.max_event_time_ms is None:
             return None
-        return event_time.after(self.max_event_time_ms)
+        return event_time.at(self.max_event_time_ms, batch_time, self.last_rows_at)
 
     def prepare_job(self, batch_time: int) -> Job | None:
         if self.node.node_id not in self.env.consumed or not self.is_time_valid(batch_time):
             return None
-        watermark = self.watermark_ms()
+        watermark = self.watermark_ms(batch_time)
         if not self._awaiting_commit() and self._partitions_to_run(
                 batch_time, self.parents[0].finished_before(batch_time), watermark) == frozenset():
             # Every earlier batch is committed, so the driver's view of the timers is current:
@@ -436,7 +439,7 @@ class StatefulRuntime(StreamRuntime):
         # Inputs ended before this batch: it brings no rows, only the timeouts that fire at the end.
         ending = self.parents[0].finished_before(batch_time)
         fire = ending and self.node.times_out_at_end
-        watermark = END_OF_TIME_MS if fire and self.node.event_time is not None else self.watermark_ms()
+        watermark = END_OF_TIME_MS if fire and self.node.event_time is not None else self.watermark_ms(batch_time)
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
                              keep_finished=not batch.rerun_whole, end_of_input=fire,
@@ -482,6 +485,8 @@ class StatefulRuntime(StreamRuntime):
         running, ending, watermark = started.running, started.ending, started.watermark_ms
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
+        if stats.rows:
+            self.last_rows_at = max(self.last_rows_at or batch_time, batch_time)
         facts = self._facts_after(running, stats)
         batch.took_on(stats, running - self._drained, facts)
         if ending:

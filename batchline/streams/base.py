@@ -78,10 +78,23 @@ class Watermark:
 
     column: str
     delay_ms: int
+    idle_timeout_ms: int | None = None
+    """After this much processing time without a row, event time is taken to go on with the
+    clock (Flink's source idleness): the watermark then moves on by the time idle since the
+    last batch with rows, so that the last windows of a quiet stream close."""
 
     def after(self, max_event_time_ms: int) -> int:
         """The watermark once ``max_event_time_ms`` was seen: minus the delay, never below 0 (as Spark's)."""
         return max(0, max_event_time_ms - self.delay_ms)
+
+    def at(self, max_event_time_ms: int, batch_time: int, last_rows_at: int | None) -> int:
+        """The watermark of the batch at ``batch_time``, the newest batch with rows having been
+        ``last_rows_at``: ``after(max_event_time_ms)``, moved on by the time idle once that
+        passes the idle timeout."""
+        idle = 0 if last_rows_at is None else batch_time - last_rows_at
+        if self.idle_timeout_ms is None or idle < self.idle_timeout_ms:
+            return self.after(max_event_time_ms)
+        return self.after(max_event_time_ms + idle)
 
 
 class StreamNode(ABC):

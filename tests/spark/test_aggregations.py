@@ -152,6 +152,7 @@ def test_session_windows_merge_across_batches_and_a_restart_and_close_on_the_wat
         h.stop()
     h = BatchHarness(spark, sessions("append"), SCHEMA, checkpoint=str(tmp_path / "checkpoint"),
                      start_ms=restart_at + 500).start()
+    h.batch_time = restart_at  # batches keep to the interval's grid: the next is one interval on
     try:
         # a@20 bridges [10, 25) and [30, 40) into [10, 40); the watermark (25 s) closes b's
         # session [12, 22); a@14's own session [14, 24) ended at the watermark: late.
@@ -175,3 +176,28 @@ def test_session_windows_in_update_mode_emit_the_sessions_that_changed(spark, tm
             {"user": "a", "window_start": naive(30), "window_end": naive(45), "count": 2, "sum_amount": 7}]
     finally:
         h.stop()
+
+
+def test_an_idle_input_with_an_idle_timeout_closes_its_last_windows_and_without_one_they_stay_open(spark, tmp_path):
+    def build(idle_timeout):
+        return lambda s: (s.with_watermark("ts", "10 seconds", idle_timeout=idle_timeout)
+                          .group_by_key(window("ts", "60 seconds"), "user")
+                          .aggregate(agg.count(), output_mode="append", name="per_minute", num_partitions=2))
+
+    quiet = harness(spark, tmp_path / "quiet", build("3 seconds"))
+    try:
+        assert quiet.batch([("a", 1, at(50))]) == []  # watermark 40 s after it: [0, 60) open
+        # Batches of 1 s without rows: 3 s idle moves the watermark on by the time idle, so it
+        # reaches 60 s once 40 s + idle >= 60 s, 20 batches after the data.
+        closed_at = next((n for n in range(1, 25) if quiet.batch([])), None)
+        assert closed_at == 20
+        assert quiet.sink.batches[quiet.batch_time] == [
+            {"user": "a", "window_start": naive(0), "window_end": naive(60), "count": 1}]
+    finally:
+        quiet.stop()
+    waiting = harness(spark, tmp_path / "waiting", build(None))
+    try:
+        assert waiting.batch([("a", 1, at(50))]) == []
+        assert all(waiting.batch([]) == [] for _ in range(25))  # as Spark: open until a row moves it
+    finally:
+        waiting.stop()

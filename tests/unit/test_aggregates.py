@@ -60,3 +60,13 @@ def test_windows_are_checked_as_spark_checks_them():
         window("ts", "1 minute", "2 minutes")
     with pytest.raises(ConfigurationError, match="must be shorter than its slide"):
         window("ts", "1 minute", None, "1 minute")
+
+
+def test_an_idle_timeout_moves_the_watermark_on_with_the_time_idle():
+    from batchline.streams.base import Watermark
+
+    plain, idle = Watermark("ts", 5_000), Watermark("ts", 5_000, idle_timeout_ms=3_000)
+    assert plain.at(60_000, batch_time=1_000_000, last_rows_at=990_000) == 55_000  # as Spark: it waits
+    assert idle.at(60_000, batch_time=992_000, last_rows_at=990_000) == 55_000  # idle 2 s: not yet
+    assert idle.at(60_000, batch_time=993_000, last_rows_at=990_000) == 58_000  # idle 3 s: on by 3 s
+    assert idle.at(60_000, batch_time=1_000_000, last_rows_at=None) == 55_000
