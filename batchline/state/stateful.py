@@ -207,10 +207,14 @@ class StatefulRuntime(StreamRuntime):
         if stored.timeout != node.timeout.name:
             logger.info("Operator %s changes its timeout kind from %s to %s", self.name, stored.timeout,
                         node.timeout.name)
-        if node.resolved:
-            node.state_schema.check_compatible(stored.state_schema, f"operator {self.name!r}")
+        self._check_stored_schema()
         if node.initial_state is not None:
             logger.info("Operator %s resumes its stored state; the initial state is not applied again", self.name)
+
+    def _check_stored_schema(self) -> None:
+        """The state schema can read the stored state (once known: see ``StatefulNode.resolve``)."""
+        if self.metadata is not None and self.node.resolved:
+            self.node.state_schema.check_compatible(self.metadata.state_schema, f"operator {self.name!r}")
 
     @property
     def num_partitions(self) -> int:
@@ -337,8 +341,7 @@ class StatefulRuntime(StreamRuntime):
         node = self.node
         if not node.resolved:
             node.resolve(self.parent_frame(batch_time).schema)
-            if self.metadata is not None:
-                node.state_schema.check_compatible(self.metadata.state_schema, f"operator {self.name!r}")
+            self._check_stored_schema()
         if self.finished_before(batch_time) or not self.has_rows(batch_time):
             return self.env.empty_frame(node.output_schema.struct)
         df = self.parent_frame(batch_time)
