@@ -194,16 +194,21 @@ def wait_until_idle(quiet_s: float = 30, every_s: float = 15, give_up_s: float =
 class Side:
     """One side's process: its stdout lines, and its wall time from start to exit."""
 
-    def __init__(self, side: str, work: Path, input_dir: Path, files_per_batch: int) -> None:
+    def __init__(self, side: str, work: Path, input_dir: Path, files_per_batch: int,
+                 module: str = "benchmarks.bounded_run", extra: tuple[str, ...] = (), label: str | None = None
+                 ) -> None:
+        """Run ``python -m module side INPUT OUTPUT CHECKPOINT FILES_PER_BATCH *extra``; ``label``
+        (default: ``side``) names its output, checkpoint and stderr under ``work``."""
         self.side = side
-        self.output = work / f"{side}-out"
-        self.checkpoint = work / f"{side}-checkpoint"
-        self.stderr_path = work / f"{side}.stderr"
+        label = label or side
+        self.output = work / f"{label}-out"
+        self.checkpoint = work / f"{label}-checkpoint"
+        self.stderr_path = work / f"{label}.stderr"
         self.lines: list[str] = []
         self.busy_during: list[str] = []
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-        command = [sys.executable, "-m", "benchmarks.bounded_run", side, str(input_dir), str(self.output),
-                   str(self.checkpoint), str(files_per_batch)]
+        command = [sys.executable, "-m", module, side, str(input_dir), str(self.output),
+                   str(self.checkpoint), str(files_per_batch), *extra]
         self.load_before = os.getloadavg()
         with open(self.stderr_path, "w") as stderr:
             self.started = time.time()
