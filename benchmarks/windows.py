@@ -120,8 +120,9 @@ def window_rows(events: dict[str, np.ndarray], length_ms: int, slide_ms: int) ->
     start = np.concatenate(starts)
     inside = start + length_ms > np.concatenate([ts] * len(starts))
     key, value, start = key[inside], value[inside], start[inside]
-    groups, index = np.unique(np.stack([key, start], axis=1), axis=0, return_inverse=True)
-    index = index.ravel()
+    first, slots = start.min(initial=0), (start.max(initial=0) - start.min(initial=0)) // slide_ms + 1
+    codes, index = np.unique(key * slots + (start - first) // slide_ms, return_inverse=True)
+    groups = np.column_stack([codes // slots, first + codes % slots * slide_ms])
     count = np.bincount(index, minlength=len(groups))
     total = np.bincount(index, weights=value, minlength=len(groups)).astype(np.int64)
     biggest = np.full(len(groups), np.iinfo(np.int64).min)
