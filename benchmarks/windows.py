@@ -30,7 +30,7 @@ shape per file (read the Parquet file, the same partial ``groupBy(window, key)``
 into 4 partitions by key and window, write parquet).
 
     python -m benchmarks.windows [--events 1000000] [--keys 100000] [--cases a,b] [--no-small-batches]
-                                 [--rounds 3] [--batches 15] [--small-events 7000] [--no-wait-idle]
+                                 [--rounds 3] [--batches 15] [--small-events 7000] [--profile] [--no-wait-idle]
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks import windows_profile
 from benchmarks.bounded import Side, batchline_figures, peer_figures, wait_until_idle
 
 BASE_MS = 1_800_000_000_000  # a whole minute
@@ -213,6 +214,18 @@ def bounded_case(case: Case, events: dict[str, np.ndarray], input_dir: Path, arg
     print(f"case {case.name}: outputs identical, {len(ours)} windows (batchline also the marker's "
           f"{marker_rows})", flush=True)
 
+    profile = None
+    if args.profile:
+        print(f"case {case.name}, batchline: a profiled run (not measured)", flush=True)
+        directory = work / f"{case.name}-profile"
+        os.environ[windows_profile.ENV] = str(directory)
+        try:
+            Side("batchline", work, input_dir, args.files_per_batch, module="benchmarks.windows_run",
+                 extra=(case.name,), label=f"{case.name}-profiled")
+        finally:
+            del os.environ[windows_profile.ENV]
+        profile = windows_profile.summarise(directory)
+
     n = len(events["key"])
     ours_f, peer_f = batchline_figures(sides["batchline"], n), peer_figures(sides["peer"], n)
     ratio = peer_f["wall_s"] / ours_f["wall_s"]
@@ -229,6 +242,7 @@ def bounded_case(case: Case, events: dict[str, np.ndarray], input_dir: Path, arg
         "median_data_batch_ratio": round(data_ratio, 3),
         "goal": f">= {GOAL_THROUGHPUT:g}x", "goal_met": ratio >= GOAL_THROUGHPUT,
         "machine_idle": idle,
+        **({"batchline_profile": profile} if profile else {}),
     }
 
 
@@ -309,6 +323,9 @@ def main() -> None:
     parser.add_argument("--files-per-batch", type=int, default=10)
     parser.add_argument("--cases", default=",".join(CASES), help=f"of {', '.join(CASES)}")
     parser.add_argument("--no-small-batches", action="store_true")
+    parser.add_argument("--profile", action="store_true",
+                        help="after each case, a profiled batchline run: Spark's event log and cProfile of the state "
+                             "tasks (benchmarks/windows_profile.py)")
     parser.add_argument("--rounds", type=int, default=3, help="small batches: rounds")
     parser.add_argument("--batches", type=int, default=15, help="small batches: batches per round")
     parser.add_argument("--warmup", type=int, default=3, help="small batches: batches of each round not counted")

@@ -11,19 +11,23 @@ aggregation over Parquet files, from process start to exit.
   stateful aggregation) in append mode, the parquet file sink, ``trigger(availableNow=True)``.
 
 A case is an entry of ``CASES``: how each side computes its rows from the watermarked input.
-Both sides print bounded_run's ``mark``/``log``/``batch`` lines, which ``bounded.py``'s
+With ``BENCH_WINDOWS_PROFILE`` set to a directory, the batchline side profiles itself into it
+(``benchmarks/windows_profile.py``). Both sides print bounded_run's ``mark``/``log``/``batch`` lines, which ``bounded.py``'s
 figures read.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
 STARTED = time.time()  # only after the interpreter's own start-up; the parent times the process
 
+from benchmarks import windows_profile  # noqa: E402
 from benchmarks.bounded_run import emit_peer_progress, instrument_batchline, mark  # noqa: E402
 
 SCHEMA = "key long, value long, ts timestamp"
@@ -78,7 +82,10 @@ def run_batchline(case: Case, input_dir: str, output_dir: str, checkpoint: str, 
     from batchline.spark import local_spark_session
 
     mark("imported")
-    spark = local_spark_session("local[2]", "bench-windows", shuffle_partitions=PARTITIONS)
+    conf = {}
+    if os.environ.get(windows_profile.ENV):
+        conf = windows_profile.install(Path(os.environ[windows_profile.ENV]))
+    spark = local_spark_session("local[2]", "bench-windows", shuffle_partitions=PARTITIONS, conf=conf)
     mark("spark")
     ssc = StreamingContext(spark, "1s", checkpoint=checkpoint)
     instrument_batchline(ssc, OPERATOR)
