@@ -12,8 +12,8 @@ aggregation over Parquet files, from process start to exit.
 
 A case is an entry of ``CASES``: how each side computes its rows from the watermarked input.
 With ``BENCH_WINDOWS_PROFILE`` set to a directory, the batchline side profiles itself into it
-(``benchmarks/windows_profile.py``). Both sides print bounded_run's ``mark``/``log``/``batch`` lines, which ``bounded.py``'s
-figures read.
+(``benchmarks/windows_profile.py``). Both sides print bounded_run's ``mark``/``log``/``batch``
+lines, which ``bounded.py``'s figures read.
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from __future__ import annotations
 import os
 import sys
 import time
-from pathlib import Path
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, NamedTuple
 
 STARTED = time.time()  # only after the interpreter's own start-up; the parent times the process
