@@ -144,17 +144,41 @@ def compare(name: str, got: collections.Counter[tuple], want: collections.Counte
 
 # ------------------------------------------------------------------ the machine
 def busy_processes(exclude_under: int | None = None) -> list[str]:
-    """Command lines of Spark or test processes running, other than ``exclude_under``'s descendants."""
+    """Command lines of Spark or test processes running, other than ``exclude_under``'s
+    descendants and those that wait for a lock: a ``flock`` that has not started its command
+    yet, and the wrappers above it (a run that holds the machine's Spark lock is not kept
+    waiting by the runs queued behind it)."""
     found = subprocess.run(["pgrep", "-f", BUSY], capture_output=True, text=True).stdout.split()
+    waiting = _waiting_for_a_lock()
     busy = []
     for pid in (int(p) for p in found):
         if pid == os.getpid() or (exclude_under is not None and _descends_from(pid, exclude_under)):
+            continue
+        if any(_descends_from(w, pid) for w in waiting):
             continue
         try:
             busy.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160].strip())
         except OSError:
             continue
     return busy
+
+
+def _waiting_for_a_lock() -> list[int]:
+    """``flock`` processes without a child: waiting for their lock."""
+    parents: set[int] = set()
+    flocks = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        parents.add(int(fields[1]))
+        if name == "flock":
+            flocks.append(int(entry.name))
+    return [pid for pid in flocks if pid not in parents]
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:

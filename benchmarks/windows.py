@@ -224,7 +224,10 @@ def bounded_case(case: Case, events: dict[str, np.ndarray], input_dir: Path, arg
                  extra=(case.name,), label=f"{case.name}-profiled")
         finally:
             del os.environ[windows_profile.ENV]
-        profile = windows_profile.summarise(directory)
+        try:
+            profile = windows_profile.summarise(directory)
+        except Exception as error:  # the measured figures stand without it
+            profile = {"failed": repr(error)}
 
     n = len(events["key"])
     ours_f, peer_f = batchline_figures(sides["batchline"], n), peer_figures(sides["peer"], n)

@@ -21,6 +21,7 @@ import cProfile
 import json
 import os
 import pstats
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -57,7 +58,8 @@ def install(directory: Path) -> dict[str, str]:
         return profiled(original(*args, **kwargs), str(directory / "tasks"))
 
     operator.spark_task = spark_task  # type: ignore[assignment]
-    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": (directory / "events").as_uri()}
+    return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": (directory / "events").as_uri(),
+            "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
 
 
 def profiled(task: Callable[[Iterator[Any]], Iterator[Any]], directory: str
@@ -89,7 +91,9 @@ def _event_log(directory: Path) -> dict[str, Any]:
     run_ms: collections.Counter[int] = collections.Counter()
     cpu_ms: collections.Counter[int] = collections.Counter()
     tasks: collections.Counter[int] = collections.Counter()
-    for path in directory.iterdir():
+    for path in directory.rglob("*"):
+        if not path.is_file() or path.name.startswith("appstatus"):
+            continue
         for line in path.read_text().splitlines():
             event = json.loads(line)
             kind = event.get("Event")
@@ -106,22 +110,29 @@ def _event_log(directory: Path) -> dict[str, Any]:
                 cpu_ms[stage] += event["Task Metrics"]["Executor CPU Time"] / 1e6
                 tasks[stage] += 1
     by_kind: dict[str, dict[str, float]] = collections.defaultdict(lambda: {"run_s": 0.0, "cpu_s": 0.0, "tasks": 0})
-    by_job: dict[str, float] = collections.Counter()
+    by_job: dict[str, float] = {}  # by job description: "batchline batch <ISO time>"
     rdds_by_kind: dict[str, set[str]] = collections.defaultdict(set)
+    warm_up: collections.Counter[str] = collections.Counter()
     for stage in run_ms:
+        description = jobs.get(stage_job.get(stage, -1), "?")
+        if not description.startswith("batchline batch"):
+            warm_up[description[:80]] += run_ms[stage] / 1000
+            continue
         names = stage_rdds.get(stage, [])
         python = any("Python" in n or "Arrow" in n for n in names)
         kind = "python (state tasks, rows out, write)" if python else "jvm only"
         by_kind[kind]["run_s"] += run_ms[stage] / 1000
         by_kind[kind]["cpu_s"] += cpu_ms[stage] / 1000
         by_kind[kind]["tasks"] += tasks[stage]
-        rdds_by_kind[kind].update(n.split(" at ")[0] for n in names)
-        description = jobs.get(stage_job.get(stage, -1), "?")
-        by_job[" ".join(w for w in description.split() if not w.isdigit())[:80]] += run_ms[stage] / 1000
+        rdds_by_kind[kind].update(re.split(r"[ (\n]", n, maxsplit=1)[0] for n in names)
+        by_job[description] = by_job.get(description, 0.0) + run_ms[stage] / 1000
+    batches = [round(v, 2) for _, v in sorted(by_job.items())]
     return {
-        "executor_run_s_by_stage_kind": {k: {m: round(v, 2) for m, v in d.items()} for k, d in by_kind.items()},
-        "rdds_by_stage_kind": {k: sorted(v)[:20] for k, v in rdds_by_kind.items()},
-        "executor_run_s_by_job": {k: round(v, 2) for k, v in sorted(by_job.items(), key=lambda kv: -kv[1])[:12]},
+        "batch_jobs_executor_run_s_by_stage_kind": {k: {m: round(v, 2) for m, v in d.items()}
+                                                    for k, d in by_kind.items()},
+        "rdds_by_stage_kind": {k: sorted(v) for k, v in rdds_by_kind.items()},
+        "executor_run_s_per_batch": batches,
+        "other_jobs_executor_run_s": {k: round(v, 2) for k, v in warm_up.items()},
     }
 
 
