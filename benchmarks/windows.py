@@ -196,7 +196,7 @@ def bounded_case(case: Case, events: dict[str, np.ndarray], input_dir: Path, arg
     sides: dict[str, Side] = {}
     idle: dict[str, Any] = {}
     for name in ("batchline", "peer"):
-        idle[name] = {"skipped": True} if args.no_wait_idle else wait_until_idle()
+        idle[name] = {"skipped": True} if args.no_wait_idle else wait_until_idle(give_up_s=args.idle_give_up)
         print(f"case {case.name}, {name}: running", flush=True)
         sides[name] = Side(name, work, input_dir, args.files_per_batch, module="benchmarks.windows_run",
                            extra=(case.name,), label=f"{case.name}-{name}")
@@ -334,6 +334,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3, help="small batches: batches of each round not counted")
     parser.add_argument("--small-events", type=int, default=7000, help="small batches: events per batch")
     parser.add_argument("--no-wait-idle", action="store_true", help="measure without waiting for an idle machine")
+    parser.add_argument("--idle-give-up", type=float, default=900,
+                        help="seconds to wait for an idle machine before measuring anyway (noted in the results)")
     parser.add_argument("--no-write", action="store_true", help="print the figures, write no results file")
     args = parser.parse_args()
     from benchmarks.machine import write_result
@@ -353,7 +355,7 @@ def main() -> None:
         for case in cases:
             figures["cases"][case.name] = bounded_case(case, events, input_dir, args, work)
         if not args.no_small_batches:
-            idle = {"skipped": True} if args.no_wait_idle else wait_until_idle()
+            idle = {"skipped": True} if args.no_wait_idle else wait_until_idle(give_up_s=args.idle_give_up)
             print("small batches: running", flush=True)
             figures["small_batches"] = {**small_batches(args, work), "machine_idle": idle}
     finally:
