@@ -31,6 +31,7 @@ into 4 partitions by key and window, write parquet).
 
     python -m benchmarks.windows [--events 1000000] [--keys 100000] [--cases a,b] [--no-small-batches]
                                  [--rounds 3] [--batches 15] [--small-events 7000] [--profile] [--no-wait-idle]
+                                 [--idle-give-up 900] [--no-write]
 """
 
 from __future__ import annotations
