@@ -304,8 +304,6 @@ def small_batches(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     if any(n != args.small_events for n in records):
         raise SystemExit(f"a batch did not count {args.small_events} records: {records}")
     progress = [info.state_operators[windows_run.OPERATOR] for info in infos]
-    measured = [info for r in range(args.rounds)
-                for info in infos[r * args.batches + args.warmup:(r + 1) * args.batches]]
     figures = sb.ratio_figures(ours, theirs)
     return {
         "case": "a, one Parquet file a batch",
@@ -315,9 +313,6 @@ def small_batches(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         **figures,
         "goal": f"<= {GOAL_SMALL_BATCH:g}x", "goal_met": figures["ratio"] <= GOAL_SMALL_BATCH,
         "keeps_up_with_1s": figures["engine_median_ms"] < sb.INTERVAL_MS,
-        # The batch's jobs, from the first one's start to the batch's end; the rest of a sample is
-        # the timer, job generation and the event loop.
-        "engine_jobs_median_ms": statistics.median(i.processing_delay_ms for i in measured),
         "state_keys_median": statistics.median(p.state_keys for p in progress),
         "keys_called_median": statistics.median(p.keys_called for p in progress),
         "windows_out_total": sum(p.output_rows for p in progress),
