@@ -144,17 +144,41 @@ def compare(name: str, got: collections.Counter[tuple], want: collections.Counte
 
 # ------------------------------------------------------------------ the machine
 def busy_processes(exclude_under: int | None = None) -> list[str]:
-    """Command lines of Spark or test processes running, other than ``exclude_under``'s descendants."""
+    """Command lines of Spark or test processes running, other than ``exclude_under``'s
+    descendants and those that wait for a lock: a ``flock`` that has not started its command
+    yet, and the wrappers above it (a run that holds the machine's Spark lock is not kept
+    waiting by the runs queued behind it)."""
     found = subprocess.run(["pgrep", "-f", BUSY], capture_output=True, text=True).stdout.split()
+    waiting = _waiting_for_a_lock()
     busy = []
     for pid in (int(p) for p in found):
         if pid == os.getpid() or (exclude_under is not None and _descends_from(pid, exclude_under)):
+            continue
+        if any(_descends_from(w, pid) for w in waiting):
             continue
         try:
             busy.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()[:160].strip())
         except OSError:
             continue
     return busy
+
+
+def _waiting_for_a_lock() -> list[int]:
+    """``flock`` processes without a child: waiting for their lock."""
+    parents: set[int] = set()
+    flocks = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        name, fields = stat[stat.index("(") + 1:stat.rindex(")")], stat.rsplit(")", 1)[1].split()
+        parents.add(int(fields[1]))
+        if name == "flock":
+            flocks.append(int(entry.name))
+    return [pid for pid in flocks if pid not in parents]
 
 
 def _descends_from(pid: int, ancestor: int) -> bool:
@@ -194,16 +218,21 @@ def wait_until_idle(quiet_s: float = 30, every_s: float = 15, give_up_s: float =
 class Side:
     """One side's process: its stdout lines, and its wall time from start to exit."""
 
-    def __init__(self, side: str, work: Path, input_dir: Path, files_per_batch: int) -> None:
+    def __init__(self, side: str, work: Path, input_dir: Path, files_per_batch: int,
+                 module: str = "benchmarks.bounded_run", extra: tuple[str, ...] = (), label: str | None = None
+                 ) -> None:
+        """Run ``python -m module side INPUT OUTPUT CHECKPOINT FILES_PER_BATCH *extra``; ``label``
+        (default: ``side``) names its output, checkpoint and stderr under ``work``."""
         self.side = side
-        self.output = work / f"{side}-out"
-        self.checkpoint = work / f"{side}-checkpoint"
-        self.stderr_path = work / f"{side}.stderr"
+        label = label or side
+        self.output = work / f"{label}-out"
+        self.checkpoint = work / f"{label}-checkpoint"
+        self.stderr_path = work / f"{label}.stderr"
         self.lines: list[str] = []
         self.busy_during: list[str] = []
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-        command = [sys.executable, "-m", "benchmarks.bounded_run", side, str(input_dir), str(self.output),
-                   str(self.checkpoint), str(files_per_batch)]
+        command = [sys.executable, "-m", module, side, str(input_dir), str(self.output),
+                   str(self.checkpoint), str(files_per_batch), *extra]
         self.load_before = os.getloadavg()
         with open(self.stderr_path, "w") as stderr:
             self.started = time.time()

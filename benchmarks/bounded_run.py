@@ -22,6 +22,7 @@ import logging
 import sys
 import threading
 import time
+from typing import Any
 
 STARTED = time.time()  # only after the interpreter's own start-up; the parent times the process
 GAP_MS = 60_000  # a session ends after a minute of event time without events
@@ -43,14 +44,64 @@ def mark(what: str, at: float | None = None) -> None:
     emit(f"mark {what} {time.time() if at is None else at:.3f}")
 
 
+# ------------------------------------------------------------------ what a side prints
+def instrument_batchline(ssc: Any, operator: str) -> None:
+    """Print ``log <epoch s> <message>`` for batchline's log lines that mark phases of the run
+    and one ``batch ...`` line per completed batch with ``operator``'s progress (the lines
+    ``bounded.batchline_figures`` reads)."""
+    from batchline import StreamingListener
+
+    class Marks(logging.Handler):
+        """``log <epoch s> <message>`` for the lines that mark phases of the run."""
+
+        PREFIXES = ("Pipeline ", "Starting job", "Final checkpoint written",
+                    "Bounded input", "Operator ", "Input ", "Generating jobs",
+                    "Generated ")
+
+        def emit(self, record: logging.LogRecord) -> None:
+            message = record.getMessage()
+            if message.startswith(self.PREFIXES):
+                emit(f"log {record.created:.3f} {message}")
+
+    log = logging.getLogger("batchline")
+    log.setLevel(logging.DEBUG)
+    log.addHandler(Marks())
+    log.propagate = False
+
+    class Batches(StreamingListener):
+        def on_batch_completed(self, info: Any) -> None:
+            progress = info.state_operators.get(operator)
+            if info.failure is not None:
+                emit(f"failed {info.batch_time} {info.failure}")
+                return
+            fields = (info.batch_time, info.num_records, info.processing_start_time, info.processing_end_time,
+                      progress.keys_called if progress else 0, progress.timed_out if progress else 0,
+                      progress.output_rows if progress else 0, progress.late_rows if progress else 0,
+                      progress.state_keys if progress else 0)
+            emit("batch " + " ".join(str(f) for f in fields) + f" {time.time():.3f}")
+
+    ssc.add_listener(Batches())
+
+
+def emit_peer_progress(query: Any) -> None:
+    """One ``batch ...`` line per progress of a finished Structured Streaming query (the lines
+    ``bounded.peer_figures`` reads)."""
+    for p in query.recentProgress:
+        operators = p.get("stateOperators") or [{}]
+        started = _iso_epoch(p["timestamp"])
+        fields = (p["batchId"], p["numInputRows"], round(started * 1000),
+                  round(started * 1000) + p["durationMs"].get("triggerExecution", 0),
+                  operators[0].get("numRowsTotal", 0), operators[0].get("numRowsDroppedByWatermark", 0),
+                  p.get("eventTime", {}).get("watermark", ""))
+        emit("batch " + " ".join(str(f) for f in fields))
+
+
 # ------------------------------------------------------------------ batchline
 def run_batchline(input_dir: str, output_dir: str, checkpoint: str, files_per_batch: int) -> None:
     import datetime as dt
-    import logging
     from collections.abc import Iterator
-    from typing import Any
 
-    from batchline import StreamingContext, StreamingListener
+    from batchline import StreamingContext
     from batchline.examples.sessionization import ClosedSession, UserSession
     from batchline.sources.generator import USER_EVENT_SCHEMA
     from batchline.spark import local_spark_session
@@ -86,39 +137,10 @@ def run_batchline(input_dir: str, output_dir: str, checkpoint: str, files_per_ba
             state.update(session)
             state.set_timeout_timestamp(session.last_seen, f"{GAP_MS} ms")
 
-    class Marks(logging.Handler):
-        """``log <epoch s> <message>`` for the lines that mark phases of the run."""
-
-        PREFIXES = ("Pipeline ", "Starting job", "Final checkpoint written",
-                    "Bounded input", "Operator ", "Input ", "Generating jobs",
-                    "Generated ")
-
-        def emit(self, record: logging.LogRecord) -> None:
-            message = record.getMessage()
-            if message.startswith(self.PREFIXES):
-                emit(f"log {record.created:.3f} {message}")
-
-    log = logging.getLogger("batchline")
-    log.setLevel(logging.DEBUG)
-    log.addHandler(Marks())
-    log.propagate = False
-
-    class Batches(StreamingListener):
-        def on_batch_completed(self, info: Any) -> None:
-            progress = info.state_operators.get("sessions")
-            if info.failure is not None:
-                emit(f"failed {info.batch_time} {info.failure}")
-                return
-            fields = (info.batch_time, info.num_records, info.processing_start_time, info.processing_end_time,
-                      progress.keys_called if progress else 0, progress.timed_out if progress else 0,
-                      progress.output_rows if progress else 0, progress.late_rows if progress else 0,
-                      progress.state_keys if progress else 0)
-            emit("batch " + " ".join(str(f) for f in fields) + f" {time.time():.3f}")
-
     spark = local_spark_session("local[2]", "bench-bounded", shuffle_partitions=PARTITIONS)
     mark("spark")
     ssc = StreamingContext(spark, "1s", checkpoint=checkpoint)
-    ssc.add_listener(Batches())
+    instrument_batchline(ssc, "sessions")
     events = ssc.file_stream(input_dir, "json", USER_EVENT_SCHEMA, bounded=True, max_files_per_batch=files_per_batch,
                              name="events")
     sessions = events.with_watermark("ts", WATERMARK_DELAY).group_by_key("id").flat_map_groups_with_state(
@@ -134,7 +156,6 @@ def run_batchline(input_dir: str, output_dir: str, checkpoint: str, files_per_ba
 # ------------------------------------------------------------------ the peer
 def run_peer(input_dir: str, output_dir: str, checkpoint: str, files_per_batch: int) -> None:
     from collections.abc import Iterator
-    from typing import Any
 
     import pandas as pd
     from pyspark.sql.streaming.state import GroupStateTimeout as SparkTimeout
@@ -202,14 +223,7 @@ def run_peer(input_dir: str, output_dir: str, checkpoint: str, files_per_batch: 
     mark("query_started")
     query.awaitTermination()
     mark("finished")
-    for p in query.recentProgress:
-        operators = p.get("stateOperators") or [{}]
-        started = _iso_epoch(p["timestamp"])
-        fields = (p["batchId"], p["numInputRows"], round(started * 1000),
-                  round(started * 1000) + p["durationMs"].get("triggerExecution", 0),
-                  operators[0].get("numRowsTotal", 0), operators[0].get("numRowsDroppedByWatermark", 0),
-                  p.get("eventTime", {}).get("watermark", ""))
-        emit("batch " + " ".join(str(f) for f in fields))
+    emit_peer_progress(query)
     if query.exception() is not None:
         raise RuntimeError(f"the query failed: {query.exception()}")
     spark.stop()

@@ -22,7 +22,7 @@ import shutil
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -94,15 +94,13 @@ def bare_batches(spark: SparkSession, paths: list[Path], out: Path) -> list[floa
 
 
 # ------------------------------------------------------------------ batchline
-def engine_batches(spark: SparkSession, input_dir: Path, out: Path, checkpoint: Path, batches: int
+def steady_batches(spark: SparkSession, build: Callable[[StreamingContext], Any], checkpoint: Path, batches: int
                    ) -> tuple[list[float], list[BatchInfo]]:
+    """The pipeline ``build(ssc)`` sets up, driven by a manual clock as fast as its batches
+    complete: each batch's seconds from the timer firing to its completion, and its info."""
     clock = ManualClock(1_000 * INTERVAL_MS)
     ssc = StreamingContext(spark, f"{INTERVAL_MS}ms", clock=clock, checkpoint=str(checkpoint))
-    events = ssc.file_stream(str(input_dir), "json", USER_EVENT_SCHEMA, settle=0, max_files_per_batch=1)
-    events.group_by_key("id").flat_map_groups_with_state(
-        update_session, state_schema=UserSession, output_schema=ClosedSession,
-        timeout=GroupStateTimeout.PROCESSING_TIME, name="sessions", num_partitions=PARTITIONS,
-    ).write_files(str(out), "parquet", name="sessions_out")
+    build(ssc)
     completions = Completions()
     ssc.add_listener(completions)
     ssc.start()
@@ -111,6 +109,51 @@ def engine_batches(spark: SparkSession, input_dir: Path, out: Path, checkpoint: 
     finally:
         ssc.stop(graceful=False)
     return samples, completions.infos
+
+
+def engine_batches(spark: SparkSession, input_dir: Path, out: Path, checkpoint: Path, batches: int
+                   ) -> tuple[list[float], list[BatchInfo]]:
+    def build(ssc: StreamingContext) -> None:
+        events = ssc.file_stream(str(input_dir), "json", USER_EVENT_SCHEMA, settle=0, max_files_per_batch=1)
+        events.group_by_key("id").flat_map_groups_with_state(
+            update_session, state_schema=UserSession, output_schema=ClosedSession,
+            timeout=GroupStateTimeout.PROCESSING_TIME, name="sessions", num_partitions=PARTITIONS,
+        ).write_files(str(out), "parquet", name="sessions_out")
+    return steady_batches(spark, build, checkpoint, batches)
+
+
+# ------------------------------------------------------------------ rounds
+def alternate_rounds(rounds: int, warmup: int, bare_round: Callable[[int], list[float]],
+                     engine_round: Callable[[int], tuple[list[float], list[BatchInfo]]]
+                     ) -> tuple[list[float], list[float], list[BatchInfo]]:
+    """``rounds`` rounds, each the bare job's batches then the engine's (``bare_round(r)``,
+    ``engine_round(r)``); the samples of both without each round's first ``warmup`` batches,
+    and the engine's batch infos."""
+    engine: list[float] = []
+    bare: list[float] = []
+    infos: list[BatchInfo] = []
+    for r in range(rounds):
+        bare_samples = bare_round(r)[warmup:]
+        samples, round_infos = engine_round(r)
+        bare += bare_samples
+        engine += samples[warmup:]
+        infos += round_infos
+        print(f"round {r + 1}: engine median {statistics.median(samples[warmup:]) * 1000:.0f} ms, "
+              f"bare median {statistics.median(bare_samples) * 1000:.0f} ms", flush=True)
+    return engine, bare, infos
+
+
+def ratio_figures(engine: list[float], bare: list[float]) -> dict[str, Any]:
+    """Medians and p90s of both sides' batch times (ms) and the ratio of the medians."""
+    engine_ms, bare_ms = statistics.median(engine) * 1000, statistics.median(bare) * 1000
+    return {
+        "batches_measured": len(engine),
+        "engine_median_ms": round(engine_ms, 1),
+        "engine_p90_ms": round(statistics.quantiles(engine, n=10)[-1] * 1000, 1),
+        "bare_pyspark_median_ms": round(bare_ms, 1),
+        "bare_pyspark_p90_ms": round(statistics.quantiles(bare, n=10)[-1] * 1000, 1),
+        "ratio": round(engine_ms / bare_ms, 3),
+    }
 
 
 def main() -> None:
@@ -122,39 +165,31 @@ def main() -> None:
     args = parser.parse_args()
     spark = local_spark_session("local[2]", "batchline-bench-small-batches", shuffle_partitions=PARTITIONS)
     work = Path(tempfile.mkdtemp(prefix="batchline-small-"))
-    engine: list[float] = []
-    bare: list[float] = []
-    records: list[int] = []
+
+    def bare_round(r: int) -> list[float]:
+        paths = write_files(work / f"bare-{r}", args.batches, args.events, (r + 1) * 1000)
+        return bare_batches(spark, paths, work / f"bare-out-{r}")
+
+    def engine_round(r: int) -> tuple[list[float], list[BatchInfo]]:
+        write_files(work / f"engine-{r}", args.batches, args.events, (r + 1) * 1000)
+        return engine_batches(spark, work / f"engine-{r}", work / f"engine-out-{r}", work / f"checkpoint-{r}",
+                              args.batches)
+
     try:
         bare_batches(spark, write_files(work / "warm", 3, args.events, 0), work / "warm-out")
-        for r in range(args.rounds):
-            first = (r + 1) * 1000
-            paths = write_files(work / f"bare-{r}", args.batches, args.events, first)
-            bare += bare_batches(spark, paths, work / f"bare-out-{r}")[args.warmup:]
-            write_files(work / f"engine-{r}", args.batches, args.events, first)
-            samples, infos = engine_batches(spark, work / f"engine-{r}", work / f"engine-out-{r}",
-                                            work / f"checkpoint-{r}", args.batches)
-            engine += samples[args.warmup:]
-            records += [info.num_records for info in infos]
-            print(f"round {r + 1}: engine median {statistics.median(samples[args.warmup:]) * 1000:.0f} ms, "
-                  f"bare median {statistics.median(bare[-(args.batches - args.warmup):]) * 1000:.0f} ms", flush=True)
+        engine, bare, infos = alternate_rounds(args.rounds, args.warmup, bare_round, engine_round)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         spark.stop()
+    records = [info.num_records for info in infos]
     assert all(n == args.events for n in records), f"a batch did not count {args.events} records: {records}"
-    engine_ms, bare_ms = statistics.median(engine) * 1000, statistics.median(bare) * 1000
     figures = {
         "events_per_batch": args.events,
         "state_partitions": PARTITIONS,
-        "batches_measured": len(engine),
-        "engine_median_ms": round(engine_ms, 1),
-        "engine_p90_ms": round(statistics.quantiles(engine, n=10)[-1] * 1000, 1),
-        "bare_pyspark_median_ms": round(bare_ms, 1),
-        "bare_pyspark_p90_ms": round(statistics.quantiles(bare, n=10)[-1] * 1000, 1),
-        "ratio": round(engine_ms / bare_ms, 3),
+        **ratio_figures(engine, bare),
         "goal_ratio": 1.2,
-        "keeps_up_with_1s": engine_ms < INTERVAL_MS,
     }
+    figures["keeps_up_with_1s"] = figures["engine_median_ms"] < INTERVAL_MS
     print(json.dumps(figures, indent=2))
     print(f"wrote {write_result('small_batches', figures)}")
 
