@@ -250,11 +250,11 @@ def test_midbatch_failure(spark, tmp_path):
     h = harness(spark, tmp_path, build, retry=RetryPolicy(max_attempts=1))
     h.input.push(spark.createDataFrame(ints(1, 2, 3, 4), INTS))
     h.clock.advance(h.interval_ms)
-    with pytest.raises(BatchFailedError, match="injected failure"):
+    with pytest.raises(BatchFailedError, match="failed in operator 'counts': PythonException"):
         h.ssc.await_termination(120)
     failed_batch = h.batch_time + h.interval_ms
     h.stop()
-    assert marker.exists()
+    assert marker.exists()  # the failure was the injected one
 
     again = BatchHarness(spark, build, INTS, checkpoint=str(tmp_path / "checkpoint"), start_ms=failed_batch).start()
     try:
@@ -352,6 +352,9 @@ def test_spark_23004_collect_list_over_128_rows_in_one_partition(spark, tmp_path
         h.stop()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "suspected bug: an aggregation restarted on its checkpoint with another aggregate (max -> collect_list, so "
+    "another state schema) runs on without a failure; Spark fails with an incompatible state schema"))
 def test_changing_schema_of_state_when_restarting_query(spark, tmp_path):
     """StreamingAggregationSuite: "changing schema of state when restarting query": the same
     aggregation name restarted with other aggregates (``max`` becomes ``collect_list``), so
@@ -373,67 +376,84 @@ def test_changing_schema_of_state_when_restarting_query(spark, tmp_path):
         h.stop()
     again = BatchHarness(spark, second, INTS, checkpoint=str(tmp_path / "checkpoint"),
                          start_ms=h.batch_time + 500, retry=RetryPolicy(max_attempts=1))
+    again.batch_time = h.batch_time
     try:
-        again.batch_time = h.batch_time
-        with pytest.raises((ConfigurationError, AssertionError, BatchFailedError), match="(?i)schema"):
-            again.start()
-            again.batch(ints(21))
+        again.start()
+        out = again.batch(ints(21))
+    except (ConfigurationError, AssertionError, BatchFailedError) as refused:
+        assert "schema" in str(refused).lower()
+        return
     finally:
         again.stop()
+    pytest.fail(f"restarted with another state schema without a failure; the batch of 21 gave {out}")
 
 
 # --- EventTimeWatermarkSuite ---------------------------------------------------------------
 
 
-def _expect_refusal(spark, tmp_path, build, match):
-    """The pipeline is refused at definition, or its first batch fails (no retry), with ``match``."""
+def _expect_refusal(spark, tmp_path, build, match, schema=INTS, row=(1,)):
+    """The pipeline is refused at definition, or fails as its first batch is built or run (no
+    retry), with ``match`` in the message; returns the message."""
     try:
-        h = BatchHarness(spark, build, INTS, checkpoint=str(tmp_path / "checkpoint"),
+        h = BatchHarness(spark, build, schema, checkpoint=str(tmp_path / "checkpoint"),
                          retry=RetryPolicy(max_attempts=1))
     except ConfigurationError as refused:
         assert match in str(refused)
-        return
+        return str(refused)
     h.start()
     try:
-        h.input.push(spark.createDataFrame(ints(1), INTS))
+        h.input.push(spark.createDataFrame([row], schema))
         h.clock.advance(h.interval_ms)
-        with pytest.raises(BatchFailedError, match=match):
+        with pytest.raises(Exception, match=match) as failed:
             h.ssc.await_termination(120)
+        return str(failed.value)
     finally:
         h.stop()
 
 
 def test_error_on_bad_column(spark, tmp_path):
-    """EventTimeWatermarkSuite: "error on bad column"."""
+    """EventTimeWatermarkSuite: "error on bad column".
+
+    batchline differs: Spark refuses at ``withWatermark``; batchline when the first batch is
+    built (Spark's AnalysisException, naming the column), as a stream's columns are known only
+    then. Not in the README's table."""
     _expect_refusal(spark, tmp_path, lambda s: s.with_watermark("badColumn", "1 minute").drop_duplicates(
         "value", name="dedup"), "badColumn")
 
 
 def test_error_on_wrong_type(spark, tmp_path):
     """EventTimeWatermarkSuite: "error on wrong type" (a watermark on a long column)."""
-    _expect_refusal(spark, tmp_path, lambda s: s.with_watermark("value", "1 minute").drop_duplicates(
+    message = _expect_refusal(spark, tmp_path, lambda s: s.with_watermark("value", "1 minute").drop_duplicates(
         "value", name="dedup"), "value")
+    assert "timestamp" in message.lower(), message
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "suspected bug: a windowed aggregation without a watermark fails in its first batch: MergeIntoState "
+    "calls set_timeout_timestamp on an operator built with NO_TIMEOUT (TimeoutNotEnabledError)"))
+def test_event_time_and_watermark_metrics_without_a_watermark(spark, tmp_path):
+    """EventTimeWatermarkSuite: "event time and watermark metrics", its first half: a
+    windowed count without a watermark (Spark keeps every window; no watermark is reported).
+    In update mode, as complete mode is refused."""
+    h = harness(spark, tmp_path, lambda s: s.with_column("eventTime", F.timestamp_seconds("value")).group_by_key(
+        window("eventTime", "5 seconds")).aggregate(agg.count(), name="windowed"))
+    try:
+        assert starts(h.batch(ints(15))) == [(15, 1)]
+        assert operator(h, "windowed").watermark_ms is None
+        assert starts(h.batch(ints(10, 12, 14))) == [(10, 3)]
+        assert operator(h, "windowed").watermark_ms is None
+    finally:
+        h.stop()
 
 
 def test_event_time_and_watermark_metrics(spark, tmp_path):
-    """EventTimeWatermarkSuite: "event time and watermark metrics" (the watermark of each
-    batch; batchline's progress has no event-time min/max/avg, and the half without a
-    watermark runs in update mode, as complete mode is refused).
+    """EventTimeWatermarkSuite: "event time and watermark metrics", its second half: the
+    watermark each batch runs with (batchline's progress has no event-time min/max/avg; the
+    first half is test_event_time_and_watermark_metrics_without_a_watermark).
 
     batchline differs: before any event time was seen the progress's watermark is None where
     Spark reports 1970-01-01 (0); not in the README's table."""
-    no_watermark = harness(spark, tmp_path / "plain", lambda s: s.with_column(
-        "eventTime", F.timestamp_seconds("value")).group_by_key(window("eventTime", "5 seconds")).aggregate(
-        agg.count(), name="windowed"))
-    try:
-        assert starts(no_watermark.batch(ints(15))) == [(15, 1)]
-        assert operator(no_watermark, "windowed").watermark_ms is None
-        assert starts(no_watermark.batch(ints(10, 12, 14))) == [(10, 3)]
-        assert operator(no_watermark, "windowed").watermark_ms is None
-    finally:
-        no_watermark.stop()
-
-    h = harness(spark, tmp_path / "watermarked", windowed_count("append"))
+    h = harness(spark, tmp_path, windowed_count("append"))
     try:
         assert h.batch(ints(15)) == []
         assert operator(h, "windowed").watermark_ms is None  # Spark: 0
@@ -494,6 +514,9 @@ def test_update_mode(spark, tmp_path):
         h.stop()
 
 
+@pytest.mark.xfail(strict=True, raises=ConfigurationError, reason=(
+    "suspected bug: durations know 'month' (31 days, as Spark) but not 'year'/'years', so with_watermark(col, "
+    "'2 years 5 months') is refused; Spark reads it as 29 months of 31 days"))
 def test_delay_in_months_and_years_handled_correctly(spark, tmp_path):
     """EventTimeWatermarkSuite: "delay in months and years handled correctly": a delay of
     "2 years 5 months" is 29 months of 31 days, as Spark counts them."""
@@ -537,6 +560,10 @@ def test_recovery(spark, tmp_path):
         third.stop()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "suspected bug: an operator downstream of a union of streams with different watermarks takes the first "
+    "parent's delay (10 s) against the newest event time of either side: 1 s after first=[11] where Spark "
+    "gives 0 (the minimum over both, none yet on the second), so rows of the slower side can be dropped as late"))
 def test_watermark_with_2_streams(spark, tmp_path):
     """EventTimeWatermarkSuite: "watermark with 2 streams": a union of two streams with their
     own watermarks (10 s and 5 s) has one watermark, the lower of the two (Spark's default
@@ -588,6 +615,9 @@ def test_delay_threshold_should_not_be_negative(spark, tmp_path):
             stream.with_watermark("value", delay)
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "undocumented difference: a second with_watermark downstream of a first is accepted silently (the nearest "
+    "wins); Spark refuses 'Redefining watermark is disallowed'; not in the README's table"))
 def test_overriding_watermark_should_not_be_allowed_by_default(spark, tmp_path):
     """EventTimeWatermarkSuite: "overriding watermark should not be allowed by default": a
     second ``withWatermark`` downstream of a first is refused ("Redefining watermark is
@@ -598,25 +628,9 @@ def test_overriding_watermark_should_not_be_allowed_by_default(spark, tmp_path):
         return timed.with_watermark("first", "1 minute").select("*").with_watermark("second", "2 minutes") \
             .group_by_key(window("second", "1 minute")).aggregate(agg.count(), name="windowed")
 
-    _expect_refusal_of_pairs(spark, tmp_path, build)
-
-
-def _expect_refusal_of_pairs(spark, tmp_path, build):
-    schema = "_1 long, _2 long"
-    try:
-        h = BatchHarness(spark, build, schema, checkpoint=str(tmp_path / "checkpoint"),
-                         retry=RetryPolicy(max_attempts=1))
-    except ConfigurationError as refused:
-        assert "watermark" in str(refused)
-        return
-    h.start()
-    try:
-        h.input.push(spark.createDataFrame([(100, 200)], schema))
-        h.clock.advance(h.interval_ms)
-        with pytest.raises(BatchFailedError, match="watermark"):
-            h.ssc.await_termination(120)
-    finally:
-        h.stop()
+    ssc = StreamingContext(spark, 1, checkpoint=str(tmp_path / "checkpoint"))
+    with pytest.raises(ConfigurationError, match="watermark"):
+        build(ssc.queue_stream([], schema="_1 long, _2 long"))
 
 
 def test_no_data_flag(spark, tmp_path):
@@ -634,6 +648,9 @@ def test_no_data_flag(spark, tmp_path):
         h.stop()
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "suspected bug: delays in years ('1 years', 'interval 1 year') and Spark's quoted/ANSI interval forms "
+    "(\"interval '3' day\", \"interval '1 2:3:4' day to second\", \"interval '1-2' year to month\") are refused"))
 def test_spark_35815_ansi_intervals_for_delay_threshold(spark, tmp_path):
     """EventTimeWatermarkSuite: "SPARK-35815: Support ANSI intervals for delay threshold"
     (each form of a delay gives the same milliseconds, a month of 31 days; malformed ones are
