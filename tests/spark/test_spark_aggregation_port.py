@@ -421,11 +421,18 @@ def test_error_on_bad_column(spark, tmp_path):
         "value", name="dedup"), "badColumn")
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "suspected bug: a watermark on a long column is not refused; the first batch fails inside the built-in "
+    "deduplication (AttributeError: 'int' object has no attribute 'tzinfo' in _epoch_ms), reported as "
+    "StateFunctionError 'the state function of operator ... raised; fix the function'"))
 def test_error_on_wrong_type(spark, tmp_path):
-    """EventTimeWatermarkSuite: "error on wrong type" (a watermark on a long column)."""
+    """EventTimeWatermarkSuite: "error on wrong type" (a watermark on a long column is refused,
+    the message naming the column and saying it must be a timestamp; batchline may refuse
+    when the first batch is built, as for "error on bad column")."""
     message = _expect_refusal(spark, tmp_path, lambda s: s.with_watermark("value", "1 minute").drop_duplicates(
         "value", name="dedup"), "value")
-    assert "timestamp" in message.lower(), message
+    first_line = message.splitlines()[0]
+    assert "StateFunctionError" not in first_line and "timestamp" in first_line.lower(), first_line
 
 
 @pytest.mark.xfail(strict=True, reason=(
