@@ -41,7 +41,7 @@ from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.aggregates import Aggregate
-from batchline.state.built_in import BuiltInNode
+from batchline.state.built_in import BuiltInNode, check_event_time
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
@@ -227,6 +227,8 @@ class MergeIntoState:
     constant_key: bool
     """No key and no window: one group, keyed by a constant."""
     window_length: dt.timedelta | None
+    windows_close: bool
+    """Whether a window closes when the watermark passes its end (without a watermark, never: as Spark)."""
     append: bool
     first_partial: int
     """Index of the first partial field in an input row."""
@@ -253,7 +255,7 @@ class MergeIntoState:
                 end_ms = row[self.key_count + 1]
         assert stored is not None, "the operator calls a key with rows or with its timer"
         state.update(stored)
-        if end_ms is not None:
+        if end_ms is not None and self.windows_close:
             state.set_timeout_timestamp(end_ms - 1)  # fires once the watermark reaches the end
         elif self.expire_after_ms is not None:
             if self.newest_index is None:
@@ -408,6 +410,7 @@ class AggregationNode(BuiltInNode):
         return dataclasses.replace(self.event_time, column=WINDOW_END)
 
     def derive(self, input_schema: StructType) -> tuple[MergeIntoState | MergeSessions, StructType, StructType]:
+        check_event_time(self, input_schema)
         fields = {f.name: f.dataType for f in input_schema.fields}
         types = [[fields[_partial_name(i, j)] for j in range(len(a.stored_names()))]
                  for i, a in enumerate(self.aggregates)]
@@ -433,7 +436,8 @@ class AggregationNode(BuiltInNode):
         length = None if self.grouping is None else dt.timedelta(milliseconds=self.grouping.length_ms)
         merge = MergeIntoState(
             key_count=len(self.user_keys), constant_key=not self.user_keys and self.grouping is None,
-            window_length=length, append=append, first_partial=first_partial, partials=partials,
+            window_length=length, windows_close=self.event_time is not None, append=append,
+            first_partial=first_partial, partials=partials,
             newest_index=input_schema.fieldNames().index(_NEWEST) if keeps_newest else None,
             expire_after_ms=self.expire_after_ms)
         return merge, StructType(stored), StructType(out)

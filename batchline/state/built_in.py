@@ -8,14 +8,15 @@ from abc import abstractmethod
 from collections.abc import Callable
 from typing import Any
 
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructType, TimestampNTZType, TimestampType
 
+from batchline.errors import ConfigurationError
 from batchline.state.group_state import GroupStateTimeout
-from batchline.state.schema import RowSchema
+from batchline.state.schema import RowSchema, StateSchemaError
 from batchline.state.stateful import StatefulNode
 from batchline.streams.base import StreamNode
 
-__all__ = ["BuiltInNode"]
+__all__ = ["BuiltInNode", "check_event_time"]
 
 
 class BuiltInNode(StatefulNode):
@@ -41,6 +42,27 @@ class BuiltInNode(StatefulNode):
     def derive(self, input_schema: StructType) -> tuple[Callable[..., Any], StructType, StructType]:
         """The state function (plain data: it is pickled into the tasks), the state's schema and
         the output's, from the schema of the partials."""
+
+    def check_stored_state(self, stored: StructType) -> None:
+        """A built-in operator's state is read exactly as it was written: other aggregates (or
+        types) under the same name would read the old partials as new ones."""
+        if stored.simpleString() != self.state_schema.struct.simpleString():
+            raise StateSchemaError(
+                f"operator {self.name!r} keeps its state as {stored.simpleString()} at the checkpoint location, but "
+                f"is now defined with state {self.state_schema.struct.simpleString()} (its aggregates or their "
+                "input types changed); give the changed operator another name= to start its state afresh, or "
+                "restore its earlier definition")
+
+
+def check_event_time(node: StatefulNode, input_schema: StructType) -> None:
+    """The watermark's column must hold timestamps, as Spark requires."""
+    if node.event_time is None:
+        return
+    found = input_schema[node.event_time.column].dataType
+    if not isinstance(found, (TimestampType, TimestampNTZType)):
+        raise ConfigurationError(
+            f"operator {node.name!r}: the watermark's column holds {found.simpleString()}, not timestamps; convert it "
+            "before with_watermark, e.g. with_column('ts', F.timestamp_seconds('seconds'))")
 
 
 def _unresolved(key: Any, rows: Any, state: Any) -> Any:

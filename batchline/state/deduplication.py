@@ -31,7 +31,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from batchline.batch_time import epoch_ms
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
-from batchline.state.built_in import BuiltInNode
+from batchline.state.built_in import BuiltInNode, check_event_time
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode
 from batchline.streams.nodes import TransformNode
@@ -132,6 +132,7 @@ class DeduplicationNode(BuiltInNode):
     rows_column = _ROWS
 
     def derive(self, input_schema: StructType) -> tuple[KeepFirst, StructType, StructType]:
+        check_event_time(self, input_schema)
         row = input_schema[_ROW].dataType
         assert isinstance(row, StructType)
         names = input_schema.fieldNames()

@@ -128,6 +128,10 @@ class StatefulNode(StreamNode):
         """Called with the input's schema before the first batch is built; a built-in operator
         whose state and output follow from its input's columns derives them here."""
 
+    def check_stored_state(self, stored: StructType) -> None:
+        """The state schema reads the stored state (SPEC D5): fields added since need defaults."""
+        self.state_schema.check_compatible(stored, f"operator {self.name!r}")
+
     @property
     def times_out_at_end(self) -> bool:
         """Whether every key with a timeout times out once the inputs have ended: event time
@@ -214,7 +218,7 @@ class StatefulRuntime(StreamRuntime):
     def _check_stored_schema(self) -> None:
         """The state schema can read the stored state (once known: see ``StatefulNode.resolve``)."""
         if self.metadata is not None and self.node.resolved:
-            self.node.state_schema.check_compatible(self.metadata.state_schema, f"operator {self.name!r}")
+            self.node.check_stored_state(self.metadata.state_schema)
 
     @property
     def num_partitions(self) -> int:

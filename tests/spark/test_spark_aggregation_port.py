@@ -352,9 +352,6 @@ def test_spark_23004_collect_list_over_128_rows_in_one_partition(spark, tmp_path
         h.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "suspected bug: an aggregation restarted on its checkpoint with another aggregate (max -> collect_list, so "
-    "another state schema) runs on without a failure; Spark fails with an incompatible state schema"))
 def test_changing_schema_of_state_when_restarting_query(spark, tmp_path):
     """StreamingAggregationSuite: "changing schema of state when restarting query": the same
     aggregation name restarted with other aggregates (``max`` becomes ``collect_list``), so
@@ -421,10 +418,6 @@ def test_error_on_bad_column(spark, tmp_path):
         "value", name="dedup"), "badColumn")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "suspected bug: a watermark on a long column is not refused; the first batch fails inside the built-in "
-    "deduplication (an AttributeError converting the int event time to ms), reported as "
-    "StateFunctionError 'the state function of operator ... raised; fix the function'"))
 def test_error_on_wrong_type(spark, tmp_path):
     """EventTimeWatermarkSuite: "error on wrong type" (a watermark on a long column is refused,
     the message naming the column and saying it must be a timestamp; batchline may refuse
@@ -435,9 +428,6 @@ def test_error_on_wrong_type(spark, tmp_path):
     assert "StateFunctionError" not in first_line and "timestamp" in first_line.lower(), first_line
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "suspected bug: a windowed aggregation without a watermark fails in its first batch: MergeIntoState "
-    "calls set_timeout_timestamp on an operator built with NO_TIMEOUT (TimeoutNotEnabledError)"))
 def test_event_time_and_watermark_metrics_without_a_watermark(spark, tmp_path):
     """EventTimeWatermarkSuite: "event time and watermark metrics", its first half: a
     windowed count without a watermark (Spark keeps every window; no watermark is reported).
