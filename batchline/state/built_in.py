@@ -56,13 +56,14 @@ class BuiltInNode(StatefulNode):
 
 def check_event_time(node: StatefulNode, input_schema: StructType) -> None:
     """The watermark's column must hold timestamps, as Spark requires."""
-    if node.event_time is None:
+    declared = node.parents[0].watermark()
+    if node.event_time is None or declared is None:
         return
     found = input_schema[node.event_time.column].dataType
     if not isinstance(found, (TimestampType, TimestampNTZType)):
         raise ConfigurationError(
-            f"operator {node.name!r}: the watermark's column holds {found.simpleString()}, not timestamps; convert it "
-            "before with_watermark, e.g. with_column('ts', F.timestamp_seconds('seconds'))")
+            f"operator {node.name!r}: the watermark's column {declared.column!r} holds {found.simpleString()}, not "
+            "timestamps; convert it before with_watermark, e.g. with_column('ts', F.timestamp_seconds('seconds'))")
 
 
 def _unresolved(key: Any, rows: Any, state: Any) -> Any:
