@@ -41,7 +41,7 @@ from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.aggregates import Aggregate
-from batchline.state.built_in import BuiltInNode, check_event_time
+from batchline.state.built_in import ROWS, BuiltInNode, check_event_time
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
@@ -61,7 +61,6 @@ __all__ = [
 
 WINDOW_START = "window_start"
 WINDOW_END = "window_end"
-_ROWS = "__batchline_rows"
 _NEWEST = "__batchline_newest"
 _END_MS = "__batchline_window_end_ms"
 _ALL = "__batchline_all"
@@ -148,7 +147,7 @@ class _PartialFrame:
             group.append(F.col(grouping.column))
         elif not group:
             group.append(F.lit(True).alias(_ALL))
-        measures = [F.count(F.lit(1)).alias(_ROWS)]
+        measures = [F.count(F.lit(1)).alias(ROWS)]
         if self.event_time is not None:
             measures.append(F.max(self.event_time).alias(_NEWEST))
         measures += [p.alias(_partial_name(i, j)) for i, a in enumerate(self.aggregates)
@@ -400,7 +399,6 @@ class AggregationNode(BuiltInNode):
         ``window.end <= watermark``; for a session window, the row's own session's end)."""
         return _END_MS if self.grouping is not None and self.event_time is not None else None
 
-    rows_column = _ROWS
 
     def watermark(self) -> Watermark | None:
         """Downstream, event time is the window's end (as Spark's ``window.end``); a running

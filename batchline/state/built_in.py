@@ -16,7 +16,10 @@ from batchline.state.schema import RowSchema, StateSchemaError
 from batchline.state.stateful import StatefulNode
 from batchline.streams.base import StreamNode
 
-__all__ = ["BuiltInNode", "check_event_time"]
+__all__ = ["ROWS", "BuiltInNode", "check_event_time"]
+
+ROWS = "__batchline_rows"
+"""The column of a partial row that says how many input rows it stands for."""
 
 
 class BuiltInNode(StatefulNode):
@@ -24,6 +27,7 @@ class BuiltInNode(StatefulNode):
     stream's rows). ``derive`` gives its state function, state and output schemas."""
 
     resolved = False
+    rows_column = ROWS
 
     def __init__(self, partials: StreamNode, key_names: tuple[str, ...], *, timeout: GroupStateTimeout, name: str,
                  num_partitions: int | None) -> None:

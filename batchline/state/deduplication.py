@@ -31,7 +31,7 @@ from pyspark.sql.types import LongType, StructField, StructType
 from batchline.batch_time import epoch_ms
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
-from batchline.state.built_in import BuiltInNode, check_event_time
+from batchline.state.built_in import ROWS, BuiltInNode, check_event_time
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode
 from batchline.streams.nodes import TransformNode
@@ -40,7 +40,6 @@ __all__ = ["DeduplicationNode", "KeepFirst"]
 
 logger = logging.getLogger(__name__)
 
-_ROWS = "__batchline_rows"
 _ROW = "__batchline_row"
 _EXPIRES = "expires_at_ms"
 
@@ -52,7 +51,7 @@ class _PartialFrame:
         self.group = group
 
     def __call__(self, df: DataFrame) -> DataFrame:
-        return df.groupBy(*self.group).agg(F.count(F.lit(1)).alias(_ROWS),
+        return df.groupBy(*self.group).agg(F.count(F.lit(1)).alias(ROWS),
                                           F.min(F.struct(*[F.col(c) for c in df.columns])).alias(_ROW))
 
 
@@ -129,7 +128,6 @@ class DeduplicationNode(BuiltInNode):
         """A row at or before the watermark is late, as Spark's ``eventTime <= watermark``."""
         return None if self.event_time is None else self.event_time.column
 
-    rows_column = _ROWS
 
     def derive(self, input_schema: StructType) -> tuple[KeepFirst, StructType, StructType]:
         check_event_time(self, input_schema)
