@@ -371,19 +371,21 @@ def test_changing_schema_of_state_when_restarting_query(spark, tmp_path):
         assert pairs(h.batch(ints(1, 11)), "id", "sum_value", "avg_value", "max_value") == [(1, 12, 6.0, 11)]
     finally:
         h.stop()
-    message = _expect_refusal(spark, tmp_path, second, "is now defined with state", row=(21,))
+    message = _expect_refusal(spark, tmp_path, second, "is now defined with state", row=(21,),
+                              start_ms=h.batch_time + 500)
     assert "another name=" in message
 
 
 # --- EventTimeWatermarkSuite ---------------------------------------------------------------
 
 
-def _expect_refusal(spark, tmp_path, build, match, schema=INTS, row=(1,)):
+def _expect_refusal(spark, tmp_path, build, match, schema=INTS, row=(1,), start_ms=100_000):
     """The pipeline is refused at definition, or fails as its first batch is built or run (no
-    retry), with ``match`` in the message; returns the message."""
+    retry), with ``match`` in the message; returns the message. ``start_ms``: after the
+    batches of an earlier run on the same checkpoint."""
     try:
         h = BatchHarness(spark, build, schema, checkpoint=str(tmp_path / "checkpoint"),
-                         retry=RetryPolicy(max_attempts=1))
+                         retry=RetryPolicy(max_attempts=1), start_ms=start_ms)
     except ConfigurationError as refused:
         assert match in str(refused)
         return str(refused)
