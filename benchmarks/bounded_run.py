@@ -220,6 +220,17 @@ def run_peer(input_dir: str, output_dir: str, checkpoint: str, files_per_batch: 
         .trigger(availableNow=True)
         .start()
     )
+    finish_peer(spark, query)
+
+
+def _iso_epoch(text: str) -> float:
+    import datetime as dt
+
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def finish_peer(spark, query) -> None:
+    """Wait for Structured Streaming's query to end, print its progress, stop Spark; each step marked."""
     mark("query_started")
     query.awaitTermination()
     mark("finished")
@@ -230,13 +241,8 @@ def run_peer(input_dir: str, output_dir: str, checkpoint: str, files_per_batch: 
     mark("spark_stopped")
 
 
-def _iso_epoch(text: str) -> float:
-    import datetime as dt
-
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
-
-
 if __name__ == "__main__":
     side, input_dir, output_dir, checkpoint, files_per_batch = sys.argv[1:6]
     mark("python", STARTED)
     {"batchline": run_batchline, "peer": run_peer}[side](input_dir, output_dir, checkpoint, int(files_per_batch))
+

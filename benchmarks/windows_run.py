@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 STARTED = time.time()  # only after the interpreter's own start-up; the parent times the process
 
 from benchmarks import windows_profile  # noqa: E402
-from benchmarks.bounded_run import emit_peer_progress, instrument_batchline, mark  # noqa: E402
+from benchmarks.bounded_run import finish_peer, instrument_batchline, mark  # noqa: E402
 
 SCHEMA = "key long, value long, ts timestamp"
 WATERMARK_DELAY = "10 seconds"
@@ -108,14 +108,7 @@ def run_peer(case: Case, input_dir: str, output_dir: str, checkpoint: str, files
               .withWatermark("ts", WATERMARK_DELAY))
     query = (case.peer(events).writeStream.outputMode("append").format("parquet").option("path", output_dir)
              .option("checkpointLocation", checkpoint).trigger(availableNow=True).start())
-    mark("query_started")
-    query.awaitTermination()
-    mark("finished")
-    emit_peer_progress(query)
-    if query.exception() is not None:
-        raise RuntimeError(f"the query failed: {query.exception()}")
-    spark.stop()
-    mark("spark_stopped")
+    finish_peer(spark, query)
 
 
 if __name__ == "__main__":
