@@ -143,10 +143,10 @@ class _PartialFrame:
         if isinstance(grouping, TimeWindow):
             df = df.withColumn(_WINDOW, grouping.assign())
             group.append(F.col(_WINDOW))
-        elif isinstance(grouping, SessionWindow):
-            group.append(F.col(grouping.column))
         elif not group:
-            group.append(F.lit(True).alias(_ALL))
+            group.append(F.lit(True).alias(_ALL))  # one group: the operator's key is a constant
+        if isinstance(grouping, SessionWindow):
+            group.append(F.col(grouping.column))
         measures = [F.count(F.lit(1)).alias(ROWS)]
         if self.event_time is not None:
             measures.append(F.max(self.event_time).alias(_NEWEST))
@@ -161,7 +161,7 @@ class _PartialFrame:
             # Each row's own session ends a gap after it: the row is late once that end is not
             # after the watermark (as Spark filters a session window's input rows).
             rest.remove(grouping.column)
-            return partials.select(*self.keys, F.col(grouping.column).alias(WINDOW_START),
+            return partials.select(*(self.keys or (_ALL,)), F.col(grouping.column).alias(WINDOW_START),
                                    (F.unix_millis(F.col(grouping.column)) + F.lit(grouping.gap_ms)).alias(_END_MS),
                                    *rest)
         return partials
@@ -296,9 +296,12 @@ class MergeSessions:
     before the watermark closes (emitted in append mode) and leaves the state.
 
     A partial row is ``(*key columns, event time, its session's end ms, rows, newest,
-    *partial fields)``; a row out is ``(*key columns, window_start, window_end, *results)``."""
+    *partial fields)`` (a constant for the key columns when there are none); a row out is
+    ``(*key columns, window_start, window_end, *results)``."""
 
     key_count: int
+    time_index: int
+    """Index of the event time (``window_start``) in an input row."""
     gap: dt.timedelta
     append: bool
     first_partial: int
@@ -313,7 +316,8 @@ class MergeSessions:
             sessions = [(start, end, tuple(c[i] for c in columns), False)
                         for i, (start, end) in enumerate(zip(starts, ends, strict=True))]
         width, at = self.partials.width, self.first_partial
-        sessions += [(row[self.key_count], row[self.key_count] + self.gap, row[at:at + width], True) for row in rows]
+        time = self.time_index
+        sessions += [(row[time], row[time] + self.gap, row[at:at + width], True) for row in rows]
         sessions.sort(key=lambda s: s[0])  # stable: a stored session before a new one of the same start
         merged: list[tuple[Any, Any, tuple[Any, ...], bool]] = []
         for session in sessions:
@@ -425,8 +429,9 @@ class AggregationNode(BuiltInNode):
             sessions = [StructField("session_start", ArrayType(TimestampType())),
                         StructField("session_end", ArrayType(TimestampType()))]
             sessions += [StructField(f.name, ArrayType(f.dataType)) for f in stored]
-            merge_sessions = MergeSessions(len(self.user_keys), dt.timedelta(milliseconds=self.grouping.gap_ms),
-                                           append, first_partial, partials)
+            merge_sessions = MergeSessions(len(self.user_keys), input_schema.fieldNames().index(WINDOW_START),
+                                           dt.timedelta(milliseconds=self.grouping.gap_ms), append, first_partial,
+                                           partials)
             return merge_sessions, StructType(sessions), StructType(out)
         keeps_newest = self.expire_after_ms is not None and self.event_time is not None
         if keeps_newest:

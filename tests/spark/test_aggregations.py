@@ -201,3 +201,13 @@ def test_an_idle_input_with_an_idle_timeout_closes_its_last_windows_and_without_
         assert all(waiting.batch([]) == [] for _ in range(25))  # as Spark: open until a row moves it
     finally:
         waiting.stop()
+
+
+def test_session_windows_without_keys_are_one_group(spark, tmp_path):
+    h = harness(spark, tmp_path, lambda s: s.with_watermark("ts", "5 seconds").group_by_key(
+        session_window("ts", "10 seconds")).aggregate(agg.count(), output_mode="update", name="sessions"))
+    try:
+        assert h.batch([("a", 1, at(10)), ("b", 2, at(15))]) == [
+            {"window_start": naive(10), "window_end": naive(25), "count": 2}]
+    finally:
+        h.stop()
