@@ -30,16 +30,18 @@ def write_inputs(incoming):
         (incoming / f"events-{f:02d}.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
-def output_ids(out):
+def visible_rows(out):
     """What a plain reader sees: every visible JSON part file's rows."""
-    ids = []
     for directory, subdirs, files in os.walk(out):
         subdirs[:] = [d for d in subdirs if not d.startswith(("_", "."))]  # readers skip these
         for name in files:
             if name.startswith("part-"):
                 text = Path(directory, name).read_text()
-                ids += [json.loads(line)["id"] for line in text.splitlines() if line.strip()]
-    return collections.Counter(ids)
+                yield from (json.loads(line) for line in text.splitlines() if line.strip())
+
+
+def output_ids(out):
+    return collections.Counter(row["id"] for row in visible_rows(out))
 
 
 def duckdb_ids(out):
@@ -87,17 +89,11 @@ def expected_event_time_ids():
 
 def window_ids(out):
     """The windowed counts a plain reader sees, as ``w<key>-<start s>-c<count>-s<sum>``."""
-    ids = []
-    for directory, subdirs, files in os.walk(out):
-        subdirs[:] = [d for d in subdirs if not d.startswith(("_", "."))]
-        for name in files:
-            if name.startswith("part-"):
-                for line in Path(directory, name).read_text().splitlines():
-                    if line.strip():
-                        row = json.loads(line)
-                        start = datetime.fromisoformat(row["window_start"].replace("Z", "+00:00"))
-                        ids.append(f"w{row['k']}-{round(start.timestamp())}-c{row['count']}-s{row['sum_n']}")
-    return collections.Counter(ids)
+    def name(row):
+        start = datetime.fromisoformat(row["window_start"].replace("Z", "+00:00"))
+        return f"w{row['k']}-{round(start.timestamp())}-c{row['count']}-s{row['sum_n']}"
+
+    return collections.Counter(name(row) for row in visible_rows(out))
 
 
 def jsonl_ids(out):
