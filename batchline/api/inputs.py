@@ -4,7 +4,7 @@ module holds only its front door."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from pyspark.sql import DataFrame
@@ -16,6 +16,8 @@ from batchline.errors import ConfigurationError
 from batchline.sources.files import FileSource
 from batchline.sources.frames import DataFrameSource
 from batchline.sources.generator import GeneratorSource
+from batchline.sources.kafka import DEFAULT_SPLIT_SIZE as KAFKA_SPLIT_SIZE
+from batchline.sources.kafka import KafkaSource
 from batchline.sources.queue import QueueSource
 from batchline.sources.receiver import Receiver, ReceiverSource
 from batchline.sources.redis_streams import DEFAULT_SPLIT_SIZE, RedisStreamSource
@@ -173,3 +175,44 @@ class InputMethods:
         source = RedisStreamSource(url, streams, max_records_per_batch=max_records_per_batch, schema=schema,
                                    bounded=bounded, start=start, split_size=split_size)
         return self.input(source, name=name or f"redis:{','.join(streams)}")
+
+    def kafka_stream(
+        self,
+        bootstrap_servers: str,
+        *,
+        topics: Sequence[str] | None = None,
+        pattern: str | None = None,
+        name: str | None = None,
+        starting_offsets: str | Mapping[str, Mapping[Any, int]] = "earliest",
+        max_records_per_batch: int | None = None,
+        schema: StructType | str | type | None = None,
+        format: str | None = None,
+        config: Mapping[str, Any] | None = None,
+        bounded: bool = False,
+        fail_on_data_loss: bool = True,
+        group_id: str | None = None,
+        split_size: int = KAFKA_SPLIT_SIZE,
+    ) -> InputStream:
+        """Records of Kafka ``topics`` (or of every topic matching the regular expression
+        ``pattern``, new ones included) at ``bootstrap_servers``, read by librdkafka in the
+        tasks, read_committed. Columns ``key``, ``value`` (bytes), ``topic``, ``partition``,
+        ``offset``, ``timestamp``, ``headers``; or with ``schema`` the value parsed as a JSON
+        object into those columns, plus a ``kafka`` struct of the others (bad records go to
+        ``dead_letters`` with the reason).
+
+        Each batch's offset ranges are logged before it runs, so a restart reads exactly the
+        same records again. ``starting_offsets``: "earliest", "latest" or ``{topic: {partition:
+        offset}}`` (-2 earliest, -1 latest), for partitions present at the first start; later
+        ones are read from their first offset. ``max_records_per_batch`` caps a batch, shared
+        among partitions; ranges longer than ``split_size`` are read by several tasks. Records
+        deleted by retention before they were read fail the batch naming them, or with
+        ``fail_on_data_loss=False`` are skipped and counted. After each batch commits, the
+        consumer group ``group_id`` (default ``batchline-<topics>``) gets the batch's end
+        offsets, for lag tools; positions come from the checkpoint only. ``bounded``: read up
+        to the offsets present at the first start, then end. ``config``: librdkafka settings
+        (security, SASL, timeouts)."""
+        source = KafkaSource(bootstrap_servers, topics=topics, pattern=pattern, starting_offsets=starting_offsets,
+                             max_records_per_batch=max_records_per_batch, schema=schema, format=format,
+                             config=config, bounded=bounded, fail_on_data_loss=fail_on_data_loss, group_id=group_id,
+                             split_size=split_size)
+        return self.input(source, name=name or f"kafka:{','.join(topics) if topics else pattern}")

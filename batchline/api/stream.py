@@ -7,7 +7,7 @@ until the context starts.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from pyspark.sql import Column, DataFrame
@@ -17,6 +17,7 @@ from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.sinks.console import ConsoleSink
 from batchline.sinks.files import DEFAULT_KEEP_COMMITS, FileSink
+from batchline.sinks.kafka import COMMIT_TOPIC, KafkaSink
 from batchline.sinks.postgres import PROGRESS_TABLE, PostgresSink, WriteMode
 from batchline.sinks.sink import ForeachBatchSink, Sink
 from batchline.sources.queue import QueueSource
@@ -178,6 +179,22 @@ class Stream:
         Needs a checkpoint location, as ``write_files`` does."""
         sink = PostgresSink(dsn, table, mode, key, progress_table)
         return self.graph.add_output(self.node, sink, name or f"postgres:{table}")
+
+    def write_kafka(self, bootstrap_servers: str, topic: str, *, key: str | Column | None = None,
+                    value: str | Column | None = None, headers: str | Sequence[str] | None = None,
+                    config: Mapping[str, Any] | None = None, name: str | None = None,
+                    commit_topic: str = COMMIT_TOPIC) -> OutputOperation:
+        """Write every batch into Kafka ``topic`` exactly once: all of a batch's records in one
+        Kafka transaction with a commit marker on ``commit_topic`` (compacted, created when
+        missing), so a read_committed consumer sees each row once, and a batch all at once or
+        not at all. ``value``: a column (binary as it is, text as UTF-8, structs as JSON),
+        default the whole row as a JSON object; ``key``: a column, default none; ``headers``:
+        columns sent as headers of their names. The transactional id comes from the pipeline
+        and the output's name, so a newer driver fences an older one. ``config``: librdkafka
+        producer settings. Needs a checkpoint location and an existing topic."""
+        sink = KafkaSink(bootstrap_servers, topic, key=key, value=value, headers=headers, config=config,
+                         commit_topic=commit_topic)
+        return self.graph.add_output(self.node, sink, name or f"kafka:{topic}")
 
     def __repr__(self) -> str:
         return f"Stream({self.node!r})"

@@ -111,6 +111,9 @@ class PipelineMetrics:
         self.processing_rate = Gauge("batchline_processing_rate",
                                      "Last completed batch: records per second of processing time.", ["input"],
                                      registry=registry)
+        self.input_lag = Gauge("batchline_input_lag_records",
+                               "Last completed batch: records waiting at the source beyond it when it was planned "
+                               "(inputs that know, as Kafka's).", ["input"], registry=registry)
 
         # ------------------------------------------------------------ state
         self.state_input_rows = Counter("batchline_state_input_rows", "Rows stateful operators took in.",
@@ -184,6 +187,8 @@ class PipelineMetrics:
             self.late_records.labels(name).inc(max(0, source.late_records))
             self.input_rate.labels(name).set(source.input_rate)
             self.processing_rate.labels(name).set(source.processing_rate)
+            if source.lag is not None:
+                self.input_lag.labels(name).set(source.lag)
         for op in progress.state_operators:
             name = op.operator
             self.state_input_rows.labels(name).inc(max(0, op.input_rows))

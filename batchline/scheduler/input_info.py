@@ -22,6 +22,8 @@ class StreamInputInfo:
     dead_letters: int = 0
     late_records: int = 0
     metadata: dict[str, Any] = field(default_factory=dict)
+    lag: int | None = None
+    """Records waiting at the source beyond this batch, when the source knows (Kafka)."""
 
 
 class InputInfoTracker:

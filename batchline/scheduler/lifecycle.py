@@ -187,6 +187,7 @@ class BatchLifecycle:
                 input_rate=round((i.num_records or 0) / interval_s, 3),
                 processing_rate=round((i.num_records or 0) / processing_s, 3) if processing_s > 0 else 0.0,
                 position=dict(i.metadata),
+                lag=i.lag,
                 # As of this batch: batches generated before the one that took the last records were not.
                 finished=i.input_name in finished and job_set.time >= finished[i.input_name],
             )

@@ -113,6 +113,9 @@ class InputProgress:
     finished: bool = False
     """The input has ended (a bounded input read to its end) as of this batch: the batch took its last
     records, or came after."""
+    lag: int | None = None
+    """Records that waited at the source beyond this batch when it was planned (a Kafka consumer's
+    lag); None for a source that does not know."""
 
 
 @dataclass(frozen=True)

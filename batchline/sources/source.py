@@ -91,19 +91,25 @@ class SourceBatch:
     records: int | None = None
     """How many rows the batch holds, when the plan knows it (a range of generated events):
     shown at once, and no job counts the rows. None (the default): counted as they are read."""
+    lag: int | None = None
+    """How many records waited at the source beyond this batch when it was planned (a Kafka
+    consumer's lag), shown in progress records, metrics and the dashboard; None: not known."""
 
     def to_json(self) -> dict[str, Any]:
         data: dict[str, Any] = {"start": dict(self.start), "end": dict(self.end),
                                 "splits": [dict(s) for s in self.splits], "info": dict(self.info)}
         if self.records is not None:
             data["records"] = self.records
+        if self.lag is not None:
+            data["lag"] = self.lag
         return data
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> SourceBatch:
-        records = data.get("records")
+        records, lag = data.get("records"), data.get("lag")
         return cls(dict(data["start"]), dict(data["end"]), tuple(dict(s) for s in data.get("splits", ())),
-                   dict(data.get("info", {})), None if records is None else int(records))
+                   dict(data.get("info", {})), None if records is None else int(records),
+                   None if lag is None else int(lag))
 
 
 @dataclass(frozen=True)

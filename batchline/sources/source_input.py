@@ -196,7 +196,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         if advance:
             self.position = dict(batch.end)
         records = batch.records if batch.records is not None else None if batch.splits else 0
-        self.report(batch_time, records, metadata=dict(batch.info))
+        self.report(batch_time, records, metadata=dict(batch.info), lag=batch.lag)
 
     def batch(self, batch_time: int) -> SourceBatch | None:
         """What ``batch_time`` took (None once forgotten, or for a batch it was not in)."""
@@ -342,7 +342,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
             good, bad = int(observed["records"]), int(observed["dead_letters"])
             if good and self.source.reads_fields_by_name:
                 self._warn_of_null_fields(batch, observed)
-        self.report(batch_time, good, dead_letters=bad, metadata=dict(batch.info))
+        self.report(batch_time, good, dead_letters=bad, metadata=dict(batch.info), lag=batch.lag)
         if bad and self.node.dead_letters.node_id not in self.env.consumed:
             rows = self.dead_letter_frame(batch_time).limit(_DEAD_LETTERS_LOGGED_PER_BATCH).collect()
             logger.warning("Batch %s: %d bad records of input %s went to the dead letters; attach an output to "

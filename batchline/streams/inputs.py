@@ -147,6 +147,7 @@ class InputRuntime(StreamRuntime):
         """Drop what was allocated to batches at or before ``threshold_time``."""
 
     def report(self, batch_time: int, num_records: int | None, dead_letters: int = 0,
-               metadata: dict[str, Any] | None = None) -> None:
+               metadata: dict[str, Any] | None = None, lag: int | None = None) -> None:
         self.env.input_info.report(batch_time, StreamInputInfo(self.input_id, self.name, num_records,
-                                                               dead_letters=dead_letters, metadata=metadata or {}))
+                                                               dead_letters=dead_letters, metadata=metadata or {},
+                                                               lag=lag))

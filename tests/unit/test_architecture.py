@@ -115,7 +115,8 @@ def test_the_stream_model_is_the_ground_floor():
     stream model: an output hands them a DataFrame and a ``BatchContext``, and they know
     nothing of streams, sources or state."""
     rooms = room_graph(import_graph())
-    foundations = {"errors", "choices", "batch_time", "durations", "clock", "spark", "checkpoint", "scheduler"}
+    foundations = {"errors", "choices", "batch_time", "durations", "clock", "spark", "checkpoint", "scheduler",
+                   "kafka_clients"}
     below_streams = foundations | {"sinks"}
     assert rooms["sinks"] <= foundations, rooms["sinks"] - foundations
     assert rooms["streams"] <= below_streams, rooms["streams"] - below_streams

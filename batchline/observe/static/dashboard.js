@@ -573,6 +573,46 @@
           el("div", { class: "muted small" }, fmtAgo(e.since_ms))))))));
   }
 
+  // What each input gave the newest batch: rates, lag and, for inputs that report them (Kafka),
+  // the offset range of every partition and how many records wait beyond it.
+  function renderInputs(progress) {
+    const latest = new Map();
+    for (const rec of progress) {
+      for (const input of rec.inputs || []) latest.set(input.name, input);
+    }
+    if (!latest.size) {
+      replace($("inputs"), empty("No batch has run yet."));
+      return;
+    }
+    const rows = [];
+    for (const [name, input] of latest) {
+      const lag = isNum(input.lag) ? fmtInt(input.lag) : "–";
+      rows.push(el("tr", { class: "input-row", "data-input": name },
+        el("td", { class: "mono" }, name),
+        el("td", { class: "num" }, fmtInt(input.records)),
+        el("td", { class: "num" }, fmtInt(Math.round(input.processing_rate || 0))),
+        el("td", { class: `num${input.lag ? " warn" : " zero"}` }, lag)));
+      const position = input.position || {};
+      const offsets = position.offsets || {};
+      const behind = position.lag_by_partition || {};
+      for (const part of Object.keys(offsets).sort()) {
+        const [from, until] = offsets[part];
+        rows.push(el("tr", { class: "input-partition-row", "data-partition": part },
+          el("td", { class: "mono small muted" }, `  ${part} @ ${from}–${until}`),
+          el("td", { class: "num small" }, fmtInt(until - from)),
+          el("td", {}, ""),
+          el("td", { class: "num small" }, fmtInt(behind[part] || 0))));
+      }
+    }
+    replace($("inputs"), el("table", { class: "data compact" },
+      el("thead", {}, el("tr", {},
+        el("th", { scope: "col" }, "Input"),
+        el("th", { scope: "col" }, "Records"),
+        el("th", { scope: "col", title: "records per second of processing time" }, "Rec/s"),
+        el("th", { scope: "col", title: "records waiting at the source beyond the batch" }, "Lag"))),
+      el("tbody", {}, rows)));
+  }
+
   function renderFinished(status, progress) {
     const since = new Map(); // input -> the first batch that saw it finished
     const all = new Set();
@@ -631,6 +671,7 @@
     guarded("the checkpoints", () => renderCheckpoints(progress));
     guarded("the errors", () => renderErrors(progress));
     guarded("the excluded executors", () => renderExcluded(status, progress));
+    guarded("the inputs", () => renderInputs(progress));
     guarded("the finished inputs", () => renderFinished(status, progress));
   }
 
