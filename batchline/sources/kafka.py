@@ -234,6 +234,18 @@ class KafkaSource(Source):
         finally:
             consumer.close()
 
+    def can_replay(self, batch: SourceBatch) -> bool:
+        """Every logged range must still be there: records deleted since (retention) stop the
+        restart naming them, or with ``fail_on_data_loss=False`` are skipped when read."""
+        wanted = sorted({(s["topic"], int(s["partition"])) for s in batch.splits})
+        earliest = list_offsets(self._admin_client(), wanted, False, self._what)
+        for split in batch.splits:
+            tp = (split["topic"], int(split["partition"]))
+            if int(split["from"]) < earliest[tp]:
+                self._lose(tp, (int(split["from"]), min(earliest[tp], int(split["until"]))),
+                           "were deleted (retention) after this batch was logged, before it ran again")
+        return True
+
     def acknowledge(self, batch: SourceBatch) -> None:
         """The consumer group's offsets where the batch ended, for lag tools (never read back)."""
         kafka = kafka_module()

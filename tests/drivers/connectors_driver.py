@@ -1,12 +1,16 @@
 """A pipeline driver for the connector crash test: Redis Streams in, a stateful operator,
-PostgreSQL out (append and upsert), checkpointed.
+PostgreSQL out (append and upsert); and Kafka in, the same stateful operator, Kafka out;
+checkpointed, one driver for both, so that every kill tests both.
 
-    python tests/drivers/connectors_driver.py REDIS_URL DSN CHECKPOINT SUFFIX [--bounded]
+    python tests/drivers/connectors_driver.py REDIS_URL DSN CHECKPOINT SUFFIX [--kafka BOOTSTRAP] [--bounded]
 
 Reads stream ``events`` (fields user, seq, amount); per user, a running total and count,
 emitted for every event in ``seq`` order: a row applied twice to the state, or not at all,
 shows in every later row of that user. Writes every event's row to ``events_<SUFFIX>``
-(append) and each user's latest total to ``totals_<SUFFIX>`` (upsert by user).
+(append) and each user's latest total to ``totals_<SUFFIX>`` (upsert by user). With
+``--kafka``, also reads topic ``events`` (JSON values of the same fields, keyed by user, so a
+user's events keep their order in one partition) and writes every event's row, as JSON keyed
+by user, to topic ``running_<SUFFIX>``.
 """
 
 import argparse
@@ -45,6 +49,7 @@ def main() -> None:
     parser.add_argument("checkpoint")
     parser.add_argument("suffix")
     parser.add_argument("--bounded", action="store_true")
+    parser.add_argument("--kafka")
     parser.add_argument("--wait-for-go", action="store_true")  # tests.helpers.DriverProcess(warm=True)
     args = parser.parse_args()
 
@@ -62,6 +67,14 @@ def main() -> None:
     running.write_postgres(args.dsn, f"events_{args.suffix}", name="events")
     running.select("user", "total", "count").write_postgres(args.dsn, f"totals_{args.suffix}", mode="upsert",
                                                             key=["user"], name="totals")
+    if args.kafka:
+        kafka_events = ssc.kafka_stream(args.kafka, topics=["events"], name="kafka-events", schema=SCHEMA,
+                                        max_records_per_batch=150, split_size=20, bounded=args.bounded)
+        kafka_running = kafka_events.drop("kafka").group_by_key("user").flat_map_groups_with_state(
+            running_total, state_schema="total long, count long",
+            output_schema="user string, seq long, amount long, total long, count long", name="kafka-running",
+            num_partitions=3)
+        kafka_running.write_kafka(args.kafka, f"running_{args.suffix}", key="user", name="kafka-out")
     print("started", flush=True)
     if args.bounded:
         ssc.run_until_finished()
