@@ -22,7 +22,7 @@ FOLDER_MARKERS = {
 cluster"`` is the fast tier (README). ``chaos`` tests kill processes (drivers, executors, Python
 workers) and compare with a clean run; their drivers start Spark in processes of their own."""
 NEEDS = {"spark": "spark", "s3_endpoint": "server", "redis_server": "server", "postgres_server": "server",
-         "standalone_cluster": "cluster", "chromium": "browser"}
+         "kafka_broker": "server", "standalone_cluster": "cluster", "chromium": "browser"}
 """What a fixture needs: a test may use it only in a folder whose markers include that."""
 
 
@@ -106,6 +106,18 @@ def postgres_server():
     server = PostgresServer().start()
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(tmp_path_factory):
+    """A real Apache Kafka broker (KRaft, one node) on loopback, for the whole session; its jars
+    are fetched from Maven Central on first use (harness/kafka_install.py). Fails, never skips,
+    when they cannot be fetched or the broker cannot start."""
+    from harness.servers import KafkaBroker
+
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka")).start()
+    yield broker
+    broker.stop()
 
 
 CHROMIUM = "/usr/bin/chromium"
