@@ -183,7 +183,7 @@ class Stream:
     def write_kafka(self, bootstrap_servers: str, topic: str, *, key: str | Column | None = None,
                     value: str | Column | None = None, headers: str | Sequence[str] | None = None,
                     config: Mapping[str, Any] | None = None, name: str | None = None,
-                    commit_topic: str = COMMIT_TOPIC) -> OutputOperation:
+                    commit_topic: str = COMMIT_TOPIC, timeout: object = "60s") -> OutputOperation:
         """Write every batch into Kafka ``topic`` exactly once: all of a batch's records in one
         Kafka transaction with a commit marker on ``commit_topic`` (compacted, created when
         missing), so a read_committed consumer sees each row once, and a batch all at once or
@@ -191,9 +191,10 @@ class Stream:
         default the whole row as a JSON object; ``key``: a column, default none; ``headers``:
         columns sent as headers of their names. The transactional id comes from the pipeline
         and the output's name, so a newer driver fences an older one. ``config``: librdkafka
-        producer settings. Needs a checkpoint location and an existing topic."""
+        producer settings. ``timeout``: how long a commit waits for the brokers before the batch
+        fails (and is retried). Needs a checkpoint location and an existing topic."""
         sink = KafkaSink(bootstrap_servers, topic, key=key, value=value, headers=headers, config=config,
-                         commit_topic=commit_topic)
+                         commit_topic=commit_topic, timeout_s=parse_duration_ms(timeout, "timeout") / 1000)
         return self.graph.add_output(self.node, sink, name or f"kafka:{topic}")
 
     def __repr__(self) -> str:

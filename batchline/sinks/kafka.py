@@ -46,8 +46,7 @@ __all__ = ["KafkaSink", "COMMIT_TOPIC"]
 logger = logging.getLogger(__name__)
 
 COMMIT_TOPIC = "batchline_commits"
-_TIMEOUT_S = 60.0
-_COMMIT_RETRIES = 5
+DEFAULT_TIMEOUT_S = 60.0
 
 
 class KafkaSink(ExactlyOnceSink[pa.Table]):
@@ -55,7 +54,8 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
 
     def __init__(self, bootstrap_servers: str, topic: str, *, key: str | Column | None = None,
                  value: str | Column | None = None, headers: str | Sequence[str] | None = None,
-                 config: Mapping[str, Any] | None = None, commit_topic: str = COMMIT_TOPIC) -> None:
+                 config: Mapping[str, Any] | None = None, commit_topic: str = COMMIT_TOPIC,
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         if not isinstance(topic, str) or not topic:
             raise ConfigurationError(f"topic is the name of the output topic; got {topic!r}")
         self.bootstrap_servers = bootstrap_servers
@@ -68,6 +68,9 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
             raise ConfigurationError("write_kafka derives the transactional.id from the pipeline and the output (so a "
                                      "newer driver fences an older one); leave it out of config")
         self.commit_topic = commit_topic
+        if timeout_s <= 0:
+            raise ConfigurationError(f"timeout is how long a batch's commit may wait for the brokers; got {timeout_s}")
+        self.timeout_s = timeout_s
         client_settings(bootstrap_servers, self.config)
         kafka_module()
         self._context: SinkContext | None = None
@@ -115,7 +118,7 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
 
     def close(self) -> None:
         if self._producer is not None:
-            self._producer.flush(10)
+            self._producer.flush(min(10.0, self.timeout_s))
             self._producer = None
 
     # ---------------------------------------------------------------- steps
@@ -176,21 +179,24 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
                             "Nothing of the batch is visible to read_committed consumers; it runs again") from None
 
     def _commit_transaction(self, producer: Any) -> None:
+        """Retried while librdkafka says it may be, for up to ``timeout_s``; then the batch
+        fails with the outcome unknown, and the markers are read again before its re-run."""
         kafka = kafka_module()
-        for attempt in range(_COMMIT_RETRIES):
+        deadline = time.monotonic() + self.timeout_s
+        while True:
             try:
-                producer.commit_transaction(_TIMEOUT_S)
+                producer.commit_transaction(max(0.1, deadline - time.monotonic()))
                 return
             except kafka.KafkaException as exception:
                 error = exception.args[0]
-                if not error.retriable() or attempt == _COMMIT_RETRIES - 1:
+                if not error.retriable() or time.monotonic() >= deadline:
                     raise
                 logger.warning("Committing the Kafka transaction failed (%s); retrying", error.str())
-                time.sleep(0.5 * (attempt + 1))
+                time.sleep(0.2)
 
     def _abort(self, producer: Any) -> None:
         try:
-            producer.abort_transaction(_TIMEOUT_S)
+            producer.abort_transaction(self.timeout_s)
         except Exception as error:  # noqa: BLE001 (the next init_transactions aborts it)
             logger.warning("Aborting the Kafka transaction failed (%s); a new producer aborts it", error)
             self._producer = None
@@ -203,8 +209,8 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
         producer = kafka_module().Producer(client_settings(
             self.bootstrap_servers, self.config, transactional_id=f"batchline-{context.output}-{digest}",
             enable_idempotence=True, linger_ms=5, partitioner="murmur2_random",
-            transaction_timeout_ms=int(_TIMEOUT_S * 2000)))
-        producer.init_transactions(_TIMEOUT_S)
+            transaction_timeout_ms=int(max(DEFAULT_TIMEOUT_S, 2 * self.timeout_s) * 1000)))
+        producer.init_transactions(self.timeout_s)
         self._producer = producer
         return producer
 
@@ -229,11 +235,11 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
             isolation_level="read_committed", enable_partition_eof=True))
         try:
             consumer.assign([kafka.TopicPartition(t, p, kafka.OFFSET_BEGINNING) for t, p in ends])
-            pending, deadline = dict(ends), time.monotonic() + _TIMEOUT_S
+            pending, deadline = dict(ends), time.monotonic() + self.timeout_s
             while pending:
                 if time.monotonic() > deadline:
                     raise SinkError(f"{what}: reading the commit markers on {self.commit_topic} took longer than "
-                                    f"{_TIMEOUT_S:g} s; check that the brokers are up")
+                                    f"{self.timeout_s:g} s; check that the brokers are up")
                 for message in consumer.consume(10_000, 1.0):
                     tp = (message.topic(), message.partition())
                     if message.error() is None and message.key() == key:
@@ -252,7 +258,7 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
     def _create_commit_topic(self, admin: Any) -> None:
         from confluent_kafka.admin import NewTopic
 
-        brokers = len(admin.list_topics(timeout=_TIMEOUT_S).brokers)
+        brokers = len(admin.list_topics(timeout=self.timeout_s).brokers)
         topic = NewTopic(self.commit_topic, num_partitions=1, replication_factor=min(3, brokers),
                          config={"cleanup.policy": "compact"})
         try:

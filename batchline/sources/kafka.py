@@ -476,8 +476,11 @@ def _json_batch(values: Sequence[bytes | None], schema: pa.Schema) -> pa.RecordB
     if text.count(b"\n") != len(objects) - 1:  # newlines in a value: whitespace between tokens in JSON
         text = b"\n".join(v.replace(b"\r\n", b" ").replace(b"\n", b" ") for v in objects)
     try:
+        # every field nullable: Arrow refuses a block with a required field missing, and the
+        # rows without it are dead letters of their own (``_rows_missing_required``)
         table = pj.read_json(io.BytesIO(text), parse_options=pj.ParseOptions(
-            explicit_schema=schema, unexpected_field_behavior="ignore"),
+            explicit_schema=pa.schema([field.with_nullable(True) for field in schema]),
+            unexpected_field_behavior="ignore"),
             read_options=pj.ReadOptions(block_size=max(1 << 20, len(text) + 1)))
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
         return None
