@@ -160,6 +160,25 @@ def event_time_count(key, rows, state):
     yield {"key": key, "count": len(times)}
 
 
+class Collect:
+    """A ``foreach_batch`` function that keeps every batch's rows (dicts, nested rows too) by batch
+    time, and fails the batch on its ``fail_on_call``-th call (after reading it): a crash."""
+
+    def __init__(self, fail_on_call: int | None = None) -> None:
+        self.batches: dict[int, list[dict]] = {}
+        self.calls = 0
+        self.fail_on_call = fail_on_call
+
+    def __call__(self, df, batch_time) -> None:
+        self.calls += 1
+        self.batches[int(batch_time)] = [row.asDict(recursive=True) for row in df.collect()]
+        if self.calls == self.fail_on_call:
+            raise RuntimeError("crash after reading")
+
+    def rows(self) -> list[dict]:
+        return [row for t in sorted(self.batches) for row in self.batches[t]]
+
+
 def run_until_finished(ssc, timeout: float | None = None) -> int:
     """A driver script's run: start, say ``started``, then ``finished`` (exit code 0) or ``not
     finished`` (1) when the pipeline ends or ``timeout`` passes."""

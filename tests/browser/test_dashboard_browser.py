@@ -49,6 +49,8 @@ def test_the_dashboard_shows_the_batches_live_in_a_real_browser(spark, chromium,
         assert len(charts) >= 4  # input rate, scheduling delay, processing time, total delay
         operators = chromium.find_element(By.ID, "operators").text
         assert "sessions" in operators
+        inputs = chromium.find_element(By.ID, "inputs")
+        assert inputs.find_element(By.CSS_SELECTOR, "tr.input-row[data-input='events']")
         shot = tmp_path / "dashboard.png"
         assert chromium.save_screenshot(str(shot)) and shot.stat().st_size > 10_000
         if target := os.environ.get("BATCHLINE_DASHBOARD_SCREENSHOT"):

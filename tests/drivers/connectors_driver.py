@@ -70,7 +70,7 @@ def main() -> None:
     if args.kafka:
         kafka_events = ssc.kafka_stream(args.kafka, topics=["events"], name="kafka-events", schema=SCHEMA,
                                         max_records_per_batch=150, split_size=20, bounded=args.bounded)
-        kafka_running = kafka_events.drop("kafka").group_by_key("user").flat_map_groups_with_state(
+        kafka_running = kafka_events.select("user", "seq", "amount").group_by_key("user").flat_map_groups_with_state(
             running_total, state_schema="total long, count long",
             output_schema="user string, seq long, amount long, total long, count long", name="kafka-running",
             num_partitions=3)

@@ -47,3 +47,33 @@ def test_orders_to_postgres_example(spark, postgres_server, tmp_path, monkeypatc
         latest = conn.execute("SELECT count(*) FROM latest_order").fetchone()[0]
     assert orders[0] > 0 and orders[0] == orders[1]
     assert 0 < latest <= 50
+
+
+def test_kafka_orders_example(spark, kafka_broker, tmp_path, monkeypatch):
+    import json
+    import uuid
+
+    from confluent_kafka import Consumer
+
+    for topic in ("orders", "order_counts"):
+        kafka_broker.create_topic(topic, partitions=3)
+    orders = [{"customer": "alice", "amount": 12.5, "ts": "2026-11-23T10:00:10"},
+              {"customer": "alice", "amount": 7.5, "ts": "2026-11-23T10:00:40"},
+              {"customer": "bob", "amount": 3.0, "ts": "2026-11-23T10:00:20"},
+              {"customer": "bob", "amount": "a lot", "ts": "2026-11-23T10:00:30"},
+              {"customer": "carol", "amount": 1.0, "ts": "2026-11-23T10:05:00"}]  # moves the watermark on
+    kafka_broker.produce("orders", [(o["customer"], json.dumps(o)) for o in orders])
+    monkeypatch.setattr(sys, "argv", sys.argv)
+    run_example("kafka_orders.py", kafka_broker.bootstrap_servers, str(tmp_path), "8")
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": uuid.uuid4().hex,
+                         "isolation.level": "read_committed", "auto.offset.reset": "earliest"})
+    consumer.subscribe(["order_counts"])
+    counts = []
+    for _ in range(50):
+        message = consumer.poll(0.2)
+        if message is not None and not message.error():
+            counts.append(json.loads(message.value()))
+    consumer.close()
+    assert sorted((c["customer"], c["orders"], c["total"]) for c in counts) == [("alice", 2, 20.0), ("bob", 1, 3.0)]
+    dead = [line for p in (tmp_path / "dead_letters").rglob("part-*") for line in p.read_text().splitlines()]
+    assert len(dead) == 1 and "field 'amount'" in dead[0]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ROOT
+from tests.helpers import ROOT, poll_until
 
 README = ROOT / "README.md"
 
@@ -36,6 +36,7 @@ STOP_TIMEOUT_S = 60.0
 PER_BATCH_LINE = re.compile(r"batch \d{4}-\d\d-\d\dT[\d:.]+Z \| \d+ records")
 RUNS_UNTIL_STOPPED = re.compile(r"\.await_termination\(\s*\)")
 REDIS_URL = "redis://127.0.0.1:6379/0"
+KAFKA_SERVERS = "127.0.0.1:9092"
 POSTGRES_URL = re.compile(r"postgresql://[^\s\"']*@127\.0\.0\.1:5432/\w+")
 
 RUNS_IN_FOLDER_OF = {"Troubleshooting / Reading write_files output back": "A first pipeline"}
@@ -130,6 +131,16 @@ def _with_servers(code: str, request: pytest.FixtureRequest) -> str:
         drop()
         request.addfinalizer(drop)  # other tests of the session use tables of these names
         code = POSTGRES_URL.sub(server.dsn, code)
+    if KAFKA_SERVERS in code:
+        broker = request.getfixturevalue("kafka_broker")
+        topics = re.findall(r"NewTopic\(\"([^\"]+)\"", code)
+        existing = set(broker.admin().list_topics(timeout=10).topics)
+        gone = [t for t in topics if t in existing]
+        if gone:
+            for deleted in broker.admin().delete_topics(gone).values():
+                deleted.result(30)
+            poll_until(lambda: not set(gone) & set(broker.admin().list_topics(timeout=10).topics), 30, 0.1)
+        code = code.replace(KAFKA_SERVERS, broker.bootstrap_servers)
     return code
 
 

@@ -15,7 +15,7 @@ from batchline.errors import BatchFailedError, SourceError
 from batchline.scheduler.retry import RetryPolicy
 from batchline.sources.redis_streams import RedisStreamSource
 from harness.servers import RedisServer
-from tests.helpers import poll_until
+from tests.helpers import Collect, poll_until
 
 SCHEMA = StructType([StructField("user", StringType(), False), StructField("amount", LongType(), True),
                      StructField("ts", TimestampType(), True)])
@@ -33,19 +33,6 @@ def stream_name():
 def append(client, stream, count, start=0):
     return [client.xadd(stream, {"user": f"u{i % 3}", "amount": str(i), "ts": str(1_700_000_000_000 + i)}).decode()
             for i in range(start, start + count)]
-
-
-class Collect:
-    def __init__(self, fail_on_call=None):
-        self.batches = {}
-        self.calls = 0
-        self.fail_on_call = fail_on_call
-
-    def __call__(self, df, batch_time):
-        self.calls += 1
-        self.batches[int(batch_time)] = [row.asDict() for row in df.collect()]
-        if self.calls == self.fail_on_call:
-            raise RuntimeError("crash after reading")
 
 
 def test_entries_come_with_their_stream_id_and_fields(spark, redis_server, client):
