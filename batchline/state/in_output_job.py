@@ -20,6 +20,7 @@ from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.scheduler.retry import error_chain
 from batchline.state.contract import BatchParams, StateFunctionError, Stats
 from batchline.state.operator_batch import OperatorBatch, Started
+from batchline.state.store import DamagedStateFileError
 
 __all__ = ["InOutputJob", "FusedOperator"]
 
@@ -84,6 +85,9 @@ class InOutputJob:
             missing = MissingBatchParamsError.carried_in(cause)
             if missing is not None and missing.operator == operator.name:
                 return missing
+            damaged = DamagedStateFileError.carried_in(cause)
+            if damaged is not None:
+                return FailedIn(self._naming_job(batch_time), damaged)
         batch = operator.batch(batch_time)
         started = batch.started if batch is not None else None
         if started is not None and not operator.all_reported(operator.reported(batch_time, started.params)):

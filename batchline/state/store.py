@@ -39,8 +39,10 @@ import enum
 import io
 import json
 import logging
+import struct
 import threading
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
@@ -51,7 +53,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, CarriedError
 from batchline.state.entries import (
     KEY_PREFIX,
     STATE_PREFIX,
@@ -110,6 +112,24 @@ class StateVersionError(BatchlineError):
 
 class StateStoreError(BatchlineError):
     """The state store was used in a way it cannot support, or holds a file it cannot read."""
+
+
+class DamagedStateFileError(CarriedError):
+    """A state file's bytes are not those batchline wrote: its checksum does not match, it is
+    cut short, or it is empty. Going on would give a wrong answer, so nothing goes on: not
+    retryable (the file stays damaged), and raised in a task with ``carry=True`` so that the
+    driver names the file."""
+
+    retryable = False
+    attributes = ("path", "problem")
+
+    def __init__(self, path: str, problem: str, carry: bool = True) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"state file {path} is damaged: {problem}. batchline stops rather than go on with state it cannot "
+            "verify. Restore the file from a copy of the checkpoint location and start the pipeline again; without "
+            "a copy, start the operator afresh from a new checkpoint location (its state is lost)", carry)
 
 
 # -------------------------------------------------------------------- records
@@ -204,18 +224,47 @@ class PartitionData:
     """Keys loaded from an initial state and not yet seen by the function (SPEC D8)."""
 
 
+_CHECKSUM_TRAILER = b"BLCRC32:"
+"""After a version file's Arrow IPC bytes: this, then their CRC-32 (4 bytes, big-endian)."""
+_TRAILER_SIZE = len(_CHECKSUM_TRAILER) + 4
+
+
 def encode_version_file(header: FileHeader, table: pa.Table) -> bytes:
-    """A table and its header as the bytes of an Arrow IPC file."""
+    """A table and its header as the bytes of an Arrow IPC file, then their checksum: a byte
+    flipped anywhere (a bad disk, a bad copy) is found when the file is read."""
     table = table.replace_schema_metadata(header.to_metadata())
     sink = io.BytesIO()
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
+    sink.write(_CHECKSUM_TRAILER + struct.pack(">I", zlib.crc32(sink.getbuffer())))
     return sink.getvalue()
 
 
 def decode_version_file(data: bytes, kind: str, where: str) -> VersionFile:
-    table = ipc.open_file(pa.BufferReader(data)).read_all()
+    """The file's header and table, once its checksum matched. A file without a checksum (as
+    releases before checksums wrote them) is read when it is a whole Arrow IPC file."""
+    if not data:
+        raise _damaged(where, "it is empty (0 bytes)")
+    if data[-_TRAILER_SIZE:-4] == _CHECKSUM_TRAILER:
+        body = memoryview(data)[:-_TRAILER_SIZE]
+        (expected,) = struct.unpack(">I", data[-4:])
+        if zlib.crc32(body) != expected:
+            raise _damaged(where, "its checksum does not match its content (bytes were changed after it was "
+                                  "written)")
+    else:
+        body = memoryview(data)
+    try:
+        table = ipc.open_file(pa.BufferReader(body)).read_all()
+    except (pa.ArrowInvalid, OSError) as error:
+        raise _damaged(where, f"it is cut short or is not an Arrow IPC file ({len(data)} bytes; {error})") from None
     return VersionFile(FileHeader.from_metadata(table.schema.metadata, kind, where), table)
+
+
+def _damaged(where: str, problem: str) -> DamagedStateFileError:
+    """The error for a damaged file: carried to the driver when raised in a Spark task."""
+    from pyspark import TaskContext
+
+    return DamagedStateFileError(where, problem, carry=TaskContext.get() is not None)
 
 
 # -------------------------------------------------------------------- the interface

@@ -1,0 +1,62 @@
+"""A state file whose bytes are not those batchline wrote is never read as state: a flipped
+byte anywhere fails its checksum, a cut or emptied file is named as such, and the error names
+the file and is not retried. Files written before checksums are read as they are."""
+
+import io
+
+import pyarrow as pa
+import pyarrow.ipc as ipc
+import pytest
+
+from batchline.scheduler.retry import RetryPolicy
+from batchline.state.store import (
+    DamagedStateFileError,
+    FileHeader,
+    FileKind,
+    decode_version_file,
+    encode_version_file,
+)
+
+HEADER = FileHeader(version=1_700_000_000_000, partition=3, kind=FileKind.DELTA)
+TABLE = pa.table({"key": list(range(100)), "count": [i * 7 for i in range(100)]})
+WHERE = "file:///ckpt/state/counts/g0/p00003/001700000000000.delta.arrow"
+
+
+def test_a_file_reads_back_as_written():
+    found = decode_version_file(encode_version_file(HEADER, TABLE), "delta", WHERE)
+    assert found.header == HEADER and found.table.select(["key", "count"]).equals(TABLE)
+
+
+@pytest.mark.parametrize("where", ["start", "middle", "end"])
+def test_a_flipped_byte_anywhere_fails_the_checksum(where):
+    data = bytearray(encode_version_file(HEADER, TABLE))
+    index = {"start": 8, "middle": len(data) // 2, "end": len(data) - 20}[where]
+    data[index] ^= 0x01
+    with pytest.raises(DamagedStateFileError) as failure:
+        decode_version_file(bytes(data), "delta", WHERE)
+    assert WHERE in str(failure.value) and "checksum does not match" in str(failure.value)
+    assert "Restore the file" in str(failure.value)
+
+
+@pytest.mark.parametrize(("size", "problem"), [(0, "empty"), (10, "cut short"), (-30, "cut short")])
+def test_a_cut_or_emptied_file_is_named_as_such(size, problem):
+    data = encode_version_file(HEADER, TABLE)
+    with pytest.raises(DamagedStateFileError, match=problem):
+        decode_version_file(data[:size], "delta", WHERE)
+
+
+def test_a_damaged_file_is_not_retried_and_reaches_the_driver_with_its_name():
+    error = DamagedStateFileError(WHERE, "its checksum does not match", carry=True)
+    assert not RetryPolicy(max_attempts=5).should_retry(error, 1)
+    # in a task the error travels as text inside Spark's own error
+    carried = DamagedStateFileError.carried_in(RuntimeError(f"PythonException: {error}"))
+    assert carried is not None and carried.path == WHERE and not carried.carry
+
+
+def test_a_file_written_before_checksums_is_read():
+    table = TABLE.replace_schema_metadata(HEADER.to_metadata())
+    sink = io.BytesIO()
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    found = decode_version_file(sink.getvalue(), "delta", WHERE)
+    assert found.header == HEADER and found.table.num_rows == 100
