@@ -51,9 +51,11 @@ from batchline.state.store import (
     DELTA,
     OUTPUT,
     SNAPSHOT,
+    DamagedStateFileError,
     FileHeader,
     PartitionData,
     StateStore,
+    StateVersionError,
     apply_tables,
     entries_table,
 )
@@ -137,11 +139,14 @@ def spark_task(spec: OperatorSpec, batch_time: int,
 
 def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
                    version: int | None, below: int | None = None,
-                   held: PartitionData | None = None) -> PartitionData:
+                   held: PartitionData | None = None, without_snapshots: frozenset[int] = frozenset()) \
+        -> PartitionData:
     """A partition's state at ``version`` (or the newest below ``below``); catches ``held`` up
-    with deltas when it can."""
+    with deltas when it can. A damaged snapshot is read around: the state is rebuilt, exactly,
+    from an older snapshot and the deltas after it, when they are all retained."""
     target, steps = files.plan_load(generation, partition, version, below,
-                                    since=held.version if held is not None else None)
+                                    since=held.version if held is not None else None,
+                                    without_snapshots=without_snapshots)
     what = files.describe_partition(partition)
     if held is not None and steps and steps[0][1] == DELTA and held.version is not None:
         apply_tables(held.entries, (files.read_version(generation, partition, v, kind).table for v, kind in steps),
@@ -158,16 +163,44 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
     def tables() -> Iterator[pa.Table]:
         nonlocal initial
         for index, (v, kind) in enumerate(steps):
-            found = files.read_version(generation, partition, v, kind)
+            try:
+                found = files.read_version(generation, partition, v, kind)
+            except DamagedStateFileError as damage:
+                if kind == SNAPSHOT:
+                    raise _DamagedSnapshot(v, damage) from None
+                raise
             initial = initial or (index == 0 and found.header.initial)
             yield found.table
 
-    apply_tables(entries, tables(), spec_state, single_key, what, into_base=True)
+    try:
+        apply_tables(entries, tables(), spec_state, single_key, what, into_base=True)
+    except _DamagedSnapshot as damaged:
+        avoid = without_snapshots | {damaged.version}
+        # Only from an older snapshot: deltas alone could start after versions already purged.
+        _, instead = files.plan_load(generation, partition, version, below, without_snapshots=avoid)
+        if not instead or instead[0][1] != SNAPSHOT:
+            raise damaged.error from None
+        try:
+            rebuilt = load_partition(files, spec_state, single_key, generation, partition, version, below, None,
+                                     avoid)
+        except StateVersionError:
+            raise damaged.error from None  # the deltas it stood for are gone: nothing to rebuild from
+        logger.warning("%s: the snapshot of version %d is damaged (%s); its state was rebuilt from the older "
+                       "files, which verified. Restore or delete the damaged file %s", what, damaged.version,
+                       damaged.error.problem, damaged.error.path)
+        return rebuilt
     entries.compact()
     give_memory_back()  # loading built and dropped copies of the partition
     deltas = sum(1 for _, kind in steps if kind == DELTA)
     initial_keys = frozenset(key for key, _ in entries.items()) if deltas == 0 and initial else frozenset()
     return PartitionData(target, entries, deltas, initial_keys)
+
+
+class _DamagedSnapshot(Exception):  # noqa: N818 - an internal signal, never raised out of load_partition
+    def __init__(self, version: int, error: DamagedStateFileError) -> None:
+        super().__init__(str(error))
+        self.version = version
+        self.error = error
 
 
 def _cache_key(spec: OperatorSpec, partition: int) -> _CacheKey:

@@ -355,10 +355,13 @@ class StateStore(abc.ABC):
         return removed
 
     def plan_load(self, generation: int, partition: int, version: int | None, below: int | None = None,
-                  since: int | None = None) -> tuple[int | None, list[tuple[int, str]]]:
+                  since: int | None = None, without_snapshots: frozenset[int] = frozenset()) \
+            -> tuple[int | None, list[tuple[int, str]]]:
         """The files to read for a partition: at ``version`` exactly, or (``below``) the newest
         version under that bound. With ``since`` (a version already held) only later deltas are
-        read when they follow on from it. Returns (the version reached, [(version, kind)])."""
+        read when they follow on from it. Snapshots of ``without_snapshots`` (found damaged) are
+        not used: an older snapshot and the deltas after it stand in. Returns (the version
+        reached, [(version, kind)])."""
         versions = self.list_versions(generation, partition)
         candidates = sorted(v for v in versions if (below is None or v < below) and (version is None or v <= version))
         if version is not None and version not in versions:
@@ -374,7 +377,7 @@ class StateStore(abc.ABC):
             later = [v for v in candidates if v > since]
             if all(DELTA in versions[v] for v in later):
                 return target, [(v, DELTA) for v in later]
-        snapshots = [v for v in candidates if SNAPSHOT in versions[v]]
+        snapshots = [v for v in candidates if SNAPSHOT in versions[v] and v not in without_snapshots]
         start = snapshots[-1] if snapshots else None
         steps: list[tuple[int, str]] = [(start, SNAPSHOT)] if start is not None else []
         for v in candidates:

@@ -9,6 +9,7 @@ import pyarrow.ipc as ipc
 import pytest
 
 from batchline.scheduler.retry import RetryPolicy
+from batchline.state.execution import load_partition
 from batchline.state.store import (
     DamagedStateFileError,
     FileHeader,
@@ -60,3 +61,45 @@ def test_a_file_written_before_checksums_is_read():
         writer.write_table(table)
     found = decode_version_file(sink.getvalue(), "delta", WHERE)
     assert found.header == HEADER and found.table.num_rows == 100
+
+
+# -------------------------------------------------------------------- a damaged snapshot
+def _store_with_a_damaged_snapshot(tmp_path, purge_deltas_before_it=False):
+    from batchline.state.store import DELTA, SNAPSHOT, FileStateStore
+    from tests.unit.test_state_store import table
+
+    store = FileStateStore.open(str(tmp_path), "op")
+    for version in range(1, 6):
+        store.write_version(0, FileHeader(version, 0, DELTA), table(("a", (version, version), None)))
+    store.write_version(0, FileHeader(2, 0, SNAPSHOT), table(("a", (2, 2), None)))
+    store.write_version(0, FileHeader(4, 0, SNAPSHOT), table(("a", (4, 4), None)))
+    snapshot = tmp_path / "state" / "op" / "g0" / "p00000" / f"{4:015d}.snapshot.arrow"
+    assert snapshot.exists(), sorted(p.name for p in (tmp_path / "state" / "op" / "g0" / "p00000").iterdir())
+    data = bytearray(snapshot.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    snapshot.write_bytes(bytes(data))
+    if purge_deltas_before_it:
+        for version in (1, 2, 3):
+            store.delete_version(0, 0, version, DELTA)
+        store.delete_version(0, 0, 2, SNAPSHOT)
+    return store, snapshot
+
+
+def test_a_damaged_snapshot_is_read_around_from_the_older_files_exactly(tmp_path, caplog):
+    from tests.unit.test_state_store import STATE, Count
+
+    store, snapshot = _store_with_a_damaged_snapshot(tmp_path)
+    data = load_partition(store, STATE, True, 0, 0, 5)
+    assert {k: Count(*v) for k, (v, _) in data.entries.items()} == {"a": Count(5, 5)}
+    assert data.version == 5
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("snapshot of version 4 is damaged" in m and str(snapshot.name) in m for m in warned)
+
+
+def test_a_damaged_snapshot_without_the_files_before_it_stops_naming_it(tmp_path):
+    from tests.unit.test_state_store import STATE
+
+    store, snapshot = _store_with_a_damaged_snapshot(tmp_path, purge_deltas_before_it=True)
+    with pytest.raises(DamagedStateFileError, match="checksum does not match") as failure:
+        load_partition(store, STATE, True, 0, 0, 5)
+    assert snapshot.name in str(failure.value)
