@@ -262,7 +262,11 @@ class KafkaBroker:
         self.output = self.directory / "kafka.out"
         self.start_seconds: float | None = None
         """How long the last start() took (format included the first time)."""
-        self._cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        # Kafka's own form (a random UUID, URL-safe base64); one starting with "-" would read as an
+        # option on the storage tool's command line (1 start in 64).
+        self._cluster_id = "-"
+        while self._cluster_id.startswith("-"):
+            self._cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
         self._process: subprocess.Popen[bytes] | None = None
         self._cds_dump: tuple[Path, Path] | None = None
         self._admin: Any = None
