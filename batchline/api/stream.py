@@ -26,6 +26,7 @@ from batchline.state.aggregates import check_aggregates
 from batchline.state.aggregation import AggregationNode, OutputMode, SessionWindow, TimeWindow
 from batchline.state.deduplication import DeduplicationNode
 from batchline.state.group_state import AtEnd, GroupStateTimeout
+from batchline.state.late_rows import LateRowsNode
 from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
 from batchline.streams.base import Watermark
@@ -196,6 +197,21 @@ class Stream:
         sink = KafkaSink(bootstrap_servers, topic, key=key, value=value, headers=headers, config=config,
                          commit_topic=commit_topic, timeout_s=parse_duration_ms(timeout, "timeout") / 1000)
         return self.graph.add_output(self.node, sink, name or f"kafka:{topic}")
+
+    @property
+    def late_rows(self) -> Stream:
+        """The rows this stateful operator dropped as late (behind its watermark), each batch's
+        own: the row's columns (with ``window_start`` and ``window_end`` of the window it missed,
+        for a windowed aggregation: a row late for two sliding windows comes twice), then
+        ``operator`` and ``watermark``. Write it anywhere, as any stream."""
+        if not isinstance(self.node, StatefulNode):
+            raise ConfigurationError("late_rows is the stream of a stateful operator's late rows: take it from what "
+                                     "aggregate, drop_duplicates or flat_map_groups_with_state return")
+        if self.node.late_column is None or self.node.event_time is None:
+            raise ConfigurationError(f"operator {self.node.name!r} drops no row as late (it has no watermark, or keeps "
+                                     "every row: a running aggregation, a state function without event-time "
+                                     "timeouts), so it has no late rows")
+        return self._derive(LateRowsNode(self.node, self.node.rows_node))
 
     def __repr__(self) -> str:
         return f"Stream({self.node!r})"

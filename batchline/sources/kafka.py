@@ -42,7 +42,7 @@ from pyspark.sql.types import (
 
 from batchline.errors import ConfigurationError, SourceError
 from batchline.kafka_clients import TopicPartitionKey, client_settings, kafka_module, list_offsets, topic_partitions
-from batchline.sources.source import DeadLetter, Position, Source, SourceBatch, Split
+from batchline.sources.source import DeadLetter, Position, Source, SourceBatch, SourceRun, Split
 from batchline.state.schema import as_struct
 
 __all__ = ["KafkaSource", "DEFAULT_SPLIT_SIZE", "KAFKA_COLUMN"]
@@ -54,6 +54,9 @@ KAFKA_COLUMN = "kafka"
 """With a schema, the column of each row's Kafka coordinates (topic, partition, offset,
 timestamp, key, headers): one struct, so that none of them clashes with a field of the records."""
 _CONSUME_AT_ONCE = 10_000
+_RECORDS_WORTH_A_TASK = 5_000
+"""Fewer records than this in a batch are read by one task: a task's own cost (a consumer, a
+Python worker's turn, a fetch) outweighs what a second core would save."""
 _FORMATS = ("bytes", "json")
 
 _HEADERS = ArrayType(StructType([StructField("key", StringType(), False), StructField("value", BinaryType(), True)]),
@@ -118,6 +121,8 @@ class KafkaSource(Source):
         client_settings(bootstrap_servers, self.config)  # refuses bad settings now, not in a task
         self._admin: Any = None
         self._committer: Any = None
+        self._parallelism = 2
+        """Spark's default parallelism (``attach``): how many tasks a small batch is spread over."""
         self._arrow_schema: pa.Schema | None = None
 
     def __getstate__(self) -> dict[str, Any]:
@@ -202,9 +207,7 @@ class KafkaSource(Source):
                 first = earliest[tp]
             ranges[tp] = (first, max(first, latest[tp]))
         ranges = _capped(ranges, self.max_records_per_batch)
-        splits = [{"topic": t, "partition": p, "from": offset, "until": min(offset + self.split_size, until)}
-                  for (t, p), (first, until) in sorted(ranges.items())
-                  for offset in range(first, until, self.split_size)]
+        splits = _splits(ranges, self.split_size, self._parallelism)
         end = {**at, **{tp: until for tp, (_, until) in ranges.items()}}
         info: dict[str, Any] = {}
         if splits:
@@ -220,29 +223,33 @@ class KafkaSource(Source):
                            lag=sum(behind.values()))
 
     def read(self, split: Split) -> Iterator[Any]:
-        """The split's records, read_committed, as Arrow batches (dead letters one by one)."""
+        """The split's offset ranges, read_committed by one consumer, as Arrow batches (dead
+        letters one by one)."""
         kafka = kafka_module()
-        topic, partition, first, until = split["topic"], int(split["partition"]), int(split["from"]), \
-            int(split["until"])
+        # A short fetch wait: a range that ends in control records is known read at the end of
+        # the partition, which a fetch that waits for more data would hold up (500 ms by default).
         consumer = kafka.Consumer(client_settings(
             self.bootstrap_servers, self.config, group_id=self._group(), enable_auto_commit=False,
             isolation_level="read_committed", auto_offset_reset="error", enable_partition_eof=True,
-            fetch_max_bytes=64 << 20))
+            fetch_max_bytes=64 << 20, fetch_wait_max_ms=10))
         try:
-            consumer.assign([kafka.TopicPartition(topic, partition, first)])
-            yield from self._records(consumer, topic, partition, first, until)
+            for topic, partition, first, until in _ranges(split):
+                consumer.assign([kafka.TopicPartition(topic, partition, first)])
+                yield from self._records(consumer, topic, partition, first, until)
         finally:
             consumer.close()
+
+    def attach(self, run: SourceRun) -> None:
+        self._parallelism = max(1, int(run.spark.sparkContext.defaultParallelism))
 
     def can_replay(self, batch: SourceBatch) -> bool:
         """Every logged range must still be there: records deleted since (retention) stop the
         restart naming them, or with ``fail_on_data_loss=False`` are skipped when read."""
-        wanted = sorted({(s["topic"], int(s["partition"])) for s in batch.splits})
-        earliest = list_offsets(self._admin_client(), wanted, False, self._what)
-        for split in batch.splits:
-            tp = (split["topic"], int(split["partition"]))
-            if int(split["from"]) < earliest[tp]:
-                self._lose(tp, (int(split["from"]), min(earliest[tp], int(split["until"]))),
+        ranges = [r for split in batch.splits for r in _ranges(split)]
+        earliest = list_offsets(self._admin_client(), sorted({(t, p) for t, p, _, _ in ranges}), False, self._what)
+        for topic, partition, first, until in ranges:
+            if first < earliest[(topic, partition)]:
+                self._lose((topic, partition), (first, min(earliest[(topic, partition)], until)),
                            "were deleted (retention) after this batch was logged, before it ran again")
         return True
 
@@ -447,6 +454,39 @@ def _as_position(offsets: Mapping[TopicPartitionKey, int]) -> dict[str, dict[str
     for (topic, partition), offset in sorted(offsets.items()):
         position.setdefault(topic, {})[str(partition)] = int(offset)
     return position
+
+
+def _splits(ranges: Mapping[TopicPartitionKey, tuple[int, int]], split_size: int, parallelism: int) \
+        -> list[dict[str, Any]]:
+    """The batch's offset ranges in as few tasks as keep every core busy: ranges of several
+    partitions share a task (a task costs tens of ms however few records it reads), one longer
+    than its share is cut, and no task reads more than ``split_size`` records."""
+    parts = [(tp, first, until) for tp, (first, until) in sorted(ranges.items()) if until > first]
+    total = sum(until - first for _, first, until in parts)
+    if not total:
+        return []
+    count = max(-(-total // split_size), min(parallelism, -(-total // _RECORDS_WORTH_A_TASK)), 1)
+    share = -(-total // count)
+    splits: list[dict[str, Any]] = []
+    current: list[list[Any]] = []
+    room = share
+    for (topic, partition), first, until in parts:
+        while first < until:
+            take = min(until - first, room)
+            current.append([topic, partition, first, first + take])
+            first, room = first + take, room - take
+            if room == 0:
+                splits.append({"ranges": current})
+                current, room = [], share
+    if current:
+        splits.append({"ranges": current})
+    return splits
+
+
+def _ranges(split: Split) -> Iterator[tuple[str, int, int, int]]:
+    """A split's (topic, partition, first offset, end offset) ranges."""
+    for topic, partition, first, until in split["ranges"]:
+        yield str(topic), int(partition), int(first), int(until)
 
 
 def _capped(ranges: dict[TopicPartitionKey, tuple[int, int]], cap: int | None) \

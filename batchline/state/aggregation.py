@@ -42,6 +42,7 @@ from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.aggregates import Aggregate
 from batchline.state.built_in import ROWS, BuiltInNode, check_event_time
+from batchline.state.contract import LATE_AT
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
@@ -402,6 +403,20 @@ class AggregationNode(BuiltInNode):
         """A partial is late when its window ended at or before the watermark (Spark's
         ``window.end <= watermark``; for a session window, the row's own session's end)."""
         return _END_MS if self.grouping is not None and self.event_time is not None else None
+
+    def late_rows(self, rows: DataFrame) -> DataFrame:
+        """Each row once per window it missed, with that window's start and end; a row of a
+        session window when its own session (the row's time plus the gap) ended."""
+        grouping = self.grouping
+        if self.late_column is None or grouping is None:
+            return super().late_rows(rows)  # refuses: a running aggregation drops nothing
+        if isinstance(grouping, SessionWindow):
+            return rows.withColumn(LATE_AT, F.unix_millis(F.col(grouping.column).cast("timestamp"))
+                                   + F.lit(grouping.gap_ms))
+        windows = rows.withColumn(_WINDOW, grouping.assign())
+        return windows.select(*[F.col(c) for c in rows.columns], F.col(f"{_WINDOW}.start").alias(WINDOW_START),
+                              F.col(f"{_WINDOW}.end").alias(WINDOW_END),
+                              F.unix_millis(F.col(f"{_WINDOW}.end")).alias(LATE_AT))
 
 
     def watermark(self) -> Watermark | None:

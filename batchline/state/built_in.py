@@ -35,6 +35,10 @@ class BuiltInNode(StatefulNode):
         super().__init__(partials, key_names, _unresolved, flat=True, state_schema=empty, output_schema=empty,
                          timeout=timeout, name=name, num_partitions=num_partitions, initial_state=None)
 
+    @property
+    def rows_node(self) -> StreamNode:
+        return self.parents[0].parents[0]  # the stream the partials are computed from
+
     def resolve(self, input_schema: StructType) -> None:
         if self.resolved:
             return

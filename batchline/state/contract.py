@@ -36,6 +36,7 @@ from batchline.state.store import StateStore
 
 __all__ = [
     "BATCH_PARAMS_PROPERTY",
+    "LATE_AT",
     "BatchParams",
     "ErrorKind",
     "MARKER_COLUMN",
@@ -50,6 +51,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BATCH_PARAMS_PROPERTY = "batchline.state.batch"
+LATE_AT = "__batchline_late_at"
+"""The column a stateful node's ``late_rows`` adds to its input rows: the epoch ms at or before
+which the watermark makes the row late."""
 """The Spark local property that carries each operator's ``BatchParams`` to its tasks."""
 MARKER_COLUMN = "__batchline_state_partition"
 """The column of the operator's shuffled input that tells each task its state partition: one

@@ -33,6 +33,7 @@ from typing import Any
 
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
+from pyspark.sql import functions as F
 from pyspark.sql.types import StructType
 
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
@@ -42,7 +43,7 @@ from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job, JobKind
 from batchline.spark import forget_accumulator
 from batchline.state import operator
-from batchline.state.contract import BatchParams, OperatorSpec, PartitionFacts, Stats
+from batchline.state.contract import LATE_AT, BatchParams, OperatorSpec, PartitionFacts, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import AtEnd, GroupStateTimeout, last_due
 from batchline.state.in_output_job import InOutputJob
@@ -119,6 +120,19 @@ class StatefulNode(StreamNode):
 
     rows_column: str | None = None
     """See ``OperatorSpec.rows_column``: a state function's input rows count one each."""
+
+    @property
+    def rows_node(self) -> StreamNode:
+        """The stream whose rows the operator takes in, as they came (before any partials)."""
+        return self.parents[0]
+
+    def late_rows(self, rows: DataFrame) -> DataFrame:
+        """``rows`` (of ``rows_node``) as the late stream shows them, with the column
+        ``LATE_AT``: the epoch ms at or before which the watermark makes each row late."""
+        if self.late_column is None or self.event_time is None:
+            raise ConfigurationError(f"operator {self.name!r} drops no row as late; late_rows is for operators "
+                                     "that do (windows, deduplication, event-time timeouts)")
+        return rows.withColumn(LATE_AT, F.unix_millis(F.col(self.event_time.column).cast("timestamp")))
 
     resolved = True
     """Whether the state and output schemas are known (a built-in operator learns them from

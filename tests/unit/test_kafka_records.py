@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from batchline.errors import ConfigurationError
-from batchline.sources.kafka import KafkaSource, _capped, _starting_offsets
+from batchline.sources.kafka import KafkaSource, _capped, _splits, _starting_offsets
 from batchline.sources.source import DeadLetter
 
 
@@ -78,3 +78,15 @@ def test_values_with_newlines_inside_still_parse():
     source = KafkaSource("b:9092", topics=["t"], schema="n long")
     out = list(source._parsed([b'{\n  "n": 1\n}', b'{"n": 2}'], coordinates(2)))
     assert [b.column("n").to_pylist() for b in out] == [[1, 2]]
+
+
+def test_small_ranges_share_a_task_and_long_ones_are_cut_to_keep_the_cores_busy():
+    small = {("t", p): (100 * p, 100 * p + 50) for p in range(6)}  # 300 records in 6 partitions
+    assert _splits(small, 100_000, 2) == [{"ranges": [["t", p, 100 * p, 100 * p + 50] for p in range(6)]}]
+    busy = {("t", 0): (0, 30_000), ("t", 1): (0, 2_000), ("t", 2): (5, 5)}
+    splits = _splits(busy, 100_000, 2)  # 32k records: two tasks of 16k
+    assert splits == [{"ranges": [["t", 0, 0, 16_000]]},
+                      {"ranges": [["t", 0, 16_000, 30_000], ["t", 1, 0, 2_000]]}]
+    capped = _splits({("t", 0): (0, 250)}, 100, 2)  # never more than split_size a task
+    assert [r for s in capped for r in s["ranges"]] == [["t", 0, 0, 84], ["t", 0, 84, 168], ["t", 0, 168, 250]]
+    assert _splits({("t", 0): (7, 7)}, 100, 2) == []
