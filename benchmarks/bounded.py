@@ -40,6 +40,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -215,26 +216,19 @@ def wait_until_idle(quiet_s: float = 30, every_s: float = 15, give_up_s: float =
 
 
 # ------------------------------------------------------------------ one side
-class Side:
-    """One side's process: its stdout lines, and its wall time from start to exit."""
+class SideProcess:
+    """One side's process, run to its end: its stdout lines (each also handed to ``on_line``),
+    its wall time from start to exit, and the other busy processes seen meanwhile."""
 
-    def __init__(self, side: str, work: Path, input_dir: Path, files_per_batch: int,
-                 module: str = "benchmarks.bounded_run", extra: tuple[str, ...] = (), label: str | None = None
-                 ) -> None:
-        """Run ``python -m module side INPUT OUTPUT CHECKPOINT FILES_PER_BATCH *extra``; ``label``
-        (default: ``side``) names its output, checkpoint and stderr under ``work``."""
+    def __init__(self, side: str, command: list[str], stderr_path: Path,
+                 on_line: Callable[[str], None] | None = None) -> None:
         self.side = side
-        label = label or side
-        self.output = work / f"{label}-out"
-        self.checkpoint = work / f"{label}-checkpoint"
-        self.stderr_path = work / f"{label}.stderr"
+        self.stderr_path = stderr_path
         self.lines: list[str] = []
         self.busy_during: list[str] = []
         env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-        command = [sys.executable, "-m", module, side, str(input_dir), str(self.output),
-                   str(self.checkpoint), str(files_per_batch), *extra]
-        self.load_before = os.getloadavg()
-        with open(self.stderr_path, "w") as stderr:
+        self.load_before = [round(x, 2) for x in os.getloadavg()]
+        with open(stderr_path, "w") as stderr:
             self.started = time.time()
             clock = time.perf_counter()
             process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
@@ -243,12 +237,14 @@ class Side:
             assert process.stdout is not None
             for line in process.stdout:
                 self.lines.append(line.rstrip())
+                if on_line is not None:
+                    on_line(line.rstrip())
             code = process.wait()
             self.wall_s = time.perf_counter() - clock
             self.exited = self.started + self.wall_s
         watcher.join(10)
         if code != 0:
-            tail = self.stderr_path.read_text().splitlines()[-30:]
+            tail = stderr_path.read_text().splitlines()[-30:]
             raise SystemExit(f"{side} exited with {code}:\n" + "\n".join(self.lines[-20:] + tail))
 
     def _watch(self, process: subprocess.Popen[str]) -> None:
@@ -260,6 +256,24 @@ class Side:
 
     def marks(self) -> dict[str, float]:
         return {line.split()[1]: float(line.split()[2]) for line in self.lines if line.startswith("mark ")}
+
+    def since_start(self, at: float) -> float:
+        return round(at - self.started, 2)
+
+
+class Side(SideProcess):
+    """A side of this benchmark: files in, Parquet out."""
+
+    def __init__(self, side: str, work: Path, input_dir: Path, files_per_batch: int,
+                 module: str = "benchmarks.bounded_run", extra: tuple[str, ...] = (), label: str | None = None
+                 ) -> None:
+        """Run ``python -m module side INPUT OUTPUT CHECKPOINT FILES_PER_BATCH *extra``; ``label``
+        (default: ``side``) names its output, checkpoint and stderr under ``work``."""
+        label = label or side
+        self.output = work / f"{label}-out"
+        self.checkpoint = work / f"{label}-checkpoint"
+        super().__init__(side, [sys.executable, "-m", module, side, str(input_dir), str(self.output),
+                                str(self.checkpoint), str(files_per_batch), *extra], work / f"{label}.stderr")
 
     def batches(self) -> list[list[str]]:
         return [line.split()[1:] for line in self.lines if line.startswith("batch ")]
@@ -300,9 +314,6 @@ class Side:
             ends = [at for _, at in started[1:]] + [completed.get(batch_time, started[-1][1])]
             jobs[batch_time] = {name: end - at for (name, at), end in zip(started, ends, strict=True)}
         return jobs
-
-    def since_start(self, at: float) -> float:
-        return round(at - self.started, 2)
 
 
 def batchline_figures(side: Side, events: int) -> dict[str, Any]:

@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import statistics
 import subprocess
@@ -56,7 +55,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.bounded import busy_processes
+from benchmarks.bounded import SideProcess
 
 ROOT = Path(__file__).resolve().parent.parent
 PARTITIONS = 6
@@ -166,45 +165,14 @@ def check(name: str, found: dict[str, Any], want: np.ndarray) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------ a side
-class Run:
+class Run(SideProcess):
     """``python -m benchmarks.kafka_run side ...`` from its start to its exit."""
 
     def __init__(self, side: str, work: Path, bootstrap: str, in_topic: str, out_topic: str, per_batch: int,
                  extra: str = "", on_line: Any = None) -> None:
-        self.side = side
-        self.lines: list[str] = []
-        self.busy_during: list[str] = []
-        self.stderr_path = work / f"{side}.stderr"
-        env = dict(os.environ, PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable)
-        command = [sys.executable, "-m", "benchmarks.kafka_run", side, bootstrap, in_topic, out_topic,
-                   str(work / f"{side}-checkpoint"), str(per_batch), extra]
-        self.load_before = [round(x, 2) for x in os.getloadavg()]
-        with open(self.stderr_path, "w") as stderr:
-            self.started = time.time()
-            clock = time.perf_counter()
-            process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
-            watcher = threading.Thread(target=self._watch, args=(process,), daemon=True)
-            watcher.start()
-            assert process.stdout is not None
-            for line in process.stdout:
-                self.lines.append(line.rstrip())
-                if on_line is not None:
-                    on_line(line.rstrip())
-            code = process.wait()
-            self.wall_s = time.perf_counter() - clock
-        watcher.join(10)
-        if code != 0:
-            tail = self.stderr_path.read_text().splitlines()[-30:]
-            raise SystemExit(f"{side} exited with {code}:\n" + "\n".join(self.lines[-20:] + tail))
-
-    def _watch(self, process: subprocess.Popen[str]) -> None:
-        while process.poll() is None:
-            busy = busy_processes(exclude_under=process.pid)
-            self.busy_during = sorted(set(self.busy_during) | set(busy))[:10]
-            time.sleep(5)
-
-    def marks(self) -> dict[str, float]:
-        return {line.split()[1]: float(line.split()[2]) for line in self.lines if line.startswith("mark ")}
+        super().__init__(side, [sys.executable, "-m", "benchmarks.kafka_run", side, bootstrap, in_topic, out_topic,
+                                str(work / f"{side}-checkpoint"), str(per_batch), extra],
+                         work / f"{side}.stderr", on_line)
 
     def result(self) -> dict[str, Any]:
         found = [json.loads(line[len("result "):]) for line in self.lines if line.startswith("result ")]
@@ -229,8 +197,6 @@ class Run:
                 found[int(batch)][name] = (previous[0] + float(seconds), previous[1] + int(records))
         return found
 
-    def since_start(self, at: float) -> float:
-        return round(at - self.started, 2)
 
 
 def side_figures(run: Run, records: int, verdict: dict[str, Any]) -> dict[str, Any]:
@@ -417,13 +383,13 @@ def micro(broker: Any, topic: str, count: int) -> dict[str, Any]:
     source = KafkaSource(bootstrap, topics=[topic], schema="id long, user string, amount double, ts timestamp")
     until = min(count, broker.watermarks(topic)[0][1])
     began = time.perf_counter()
-    assert sum(b.num_rows for b in source.read({"topic": topic, "partition": 1, "from": 0, "until": 1})) == 1
+    assert sum(b.num_rows for b in source.read({"ranges": [[topic, 1, 0, 1]]})) == 1
     first_read_s = time.perf_counter() - began  # imports pyspark.sql.pandas.types once (a worker does too)
     began = time.perf_counter()
-    assert sum(b.num_rows for b in source.read({"topic": topic, "partition": 2, "from": 0, "until": 1})) == 1
+    assert sum(b.num_rows for b in source.read({"ranges": [[topic, 2, 0, 1]]})) == 1
     one_record_s = time.perf_counter() - began
     began = time.perf_counter()
-    rows = sum(b.num_rows for b in source.read({"topic": topic, "partition": 0, "from": 0, "until": until}))
+    rows = sum(b.num_rows for b in source.read({"ranges": [[topic, 0, 0, until]]}))
     read_s = time.perf_counter() - began
     values = [f'{{"id":{i},"user":"u{i % USERS}","amount":12.34}}'.encode() for i in range(until)]
     keys = [f"u{i % USERS}".encode() for i in range(until)]

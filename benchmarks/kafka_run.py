@@ -25,26 +25,17 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from typing import Any
 
 STARTED = time.time()
+
+from benchmarks.bounded_run import emit, mark  # noqa: E402 - after the start time is taken
+
 SCHEMA_DDL = "id long, user string, amount double, ts timestamp"
 FILTER = "amount > 10"
 COLUMNS = ("id", "user", "amount")
 
-_PRINT = threading.Lock()
-
-
-def emit(line: str) -> None:
-    with _PRINT:
-        sys.stdout.write(line + "\n")
-        sys.stdout.flush()
-
-
-def mark(what: str, at: float | None = None) -> None:
-    emit(f"mark {what} {time.time() if at is None else at:.3f}")
 
 
 # ------------------------------------------------------------------ batchline
