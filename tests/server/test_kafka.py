@@ -302,3 +302,22 @@ def test_the_broker_stopped_mid_batch_fails_the_batch_which_is_retried_and_commi
     assert retried and "Kafka topic" in retried[0]  # the batch failed while the broker was away
     values = sorted(json.loads(m.value())["n"] for m in read_committed(kafka_broker, sink, expected=200))
     assert values == list(range(200))
+
+
+def test_a_partition_that_disappears_is_named(spark, kafka_broker):
+    prefix = topic_name("gone")
+    kafka_broker.create_topic(f"{prefix}-a", partitions=2)
+    kafka_broker.produce(f"{prefix}-a", ["a0"])
+    collect = Collect()
+    ssc = StreamingContext(spark, "200ms", retry=RetryPolicy.never())
+    ssc.kafka_stream(kafka_broker.bootstrap_servers, pattern=f"{prefix}-.*").foreach_batch(collect)
+    ssc.start()
+    try:
+        poll_until(lambda: len(collect.rows()) == 1, 60, 0.1)
+        kafka_broker.admin().delete_topics([f"{prefix}-a"])[f"{prefix}-a"].result(30)
+        with pytest.raises((SourceError, BatchFailedError)) as failure:
+            ssc.await_termination(60)
+    finally:
+        ssc.stop()
+    message = str(failure.value)
+    assert f"{prefix}-a/0, {prefix}-a/1 no longer exist" in message and "fail_on_data_loss=False" in message
