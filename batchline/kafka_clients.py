@@ -13,7 +13,7 @@ from typing import Any
 
 from batchline.errors import ConfigurationError, SourceError
 
-__all__ = ["kafka_module", "client_settings", "TopicPartitionKey", "list_offsets", "topic_partitions"]
+__all__ = ["kafka_module", "client_settings", "admin_client", "TopicPartitionKey", "list_offsets", "topic_partitions"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,6 +45,14 @@ def client_settings(bootstrap_servers: str, config: Mapping[str, Any] | None, **
         settings[name] = value
     settings["bootstrap.servers"] = bootstrap_servers
     return settings
+
+
+def admin_client(bootstrap_servers: str, config: Mapping[str, Any] | None) -> Any:
+    """An ``AdminClient`` of the brokers (metadata, offsets, topics)."""
+    kafka_module()
+    from confluent_kafka.admin import AdminClient
+
+    return AdminClient(client_settings(bootstrap_servers, config))
 
 
 def topic_partitions(admin: Any, what: str) -> dict[str, list[int]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import datetime as dt
 import importlib.util
 import logging
 import os
@@ -158,6 +159,16 @@ def event_time_count(key, rows, state):
     state.update(Count(len(times), 0))
     state.set_timeout_timestamp(max(times), "5 seconds")
     yield {"key": key, "count": len(times)}
+
+
+def at(seconds: float) -> dt.datetime:
+    """An event time ``seconds`` after the event-time tests' origin (2026-01-01, UTC)."""
+    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)
+
+
+def naive(seconds: float) -> dt.datetime:
+    """``at(seconds)`` as a top-level timestamp column comes back from Spark: naive, in UTC."""
+    return at(seconds).replace(tzinfo=None)
 
 
 class Collect:

@@ -207,7 +207,7 @@ class Stream:
         if not isinstance(self.node, StatefulNode):
             raise ConfigurationError("late_rows is the stream of a stateful operator's late rows: take it from what "
                                      "aggregate, drop_duplicates or flat_map_groups_with_state return")
-        if self.node.late_column is None or self.node.event_time is None:
+        if not self.node.drops_late_rows:
             raise ConfigurationError(f"operator {self.node.name!r} drops no row as late (it has no watermark, or keeps "
                                      "every row: a running aggregation, a state function without event-time "
                                      "timeouts), so it has no late rows")

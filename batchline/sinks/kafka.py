@@ -37,7 +37,7 @@ from pyspark.sql.types import BinaryType, StringType, StructType
 
 from batchline.checkpoint.lease import FencedError
 from batchline.errors import ConfigurationError, SinkError
-from batchline.kafka_clients import client_settings, kafka_module, list_offsets, topic_partitions
+from batchline.kafka_clients import admin_client, client_settings, kafka_module, list_offsets, topic_partitions
 from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
 from batchline.sinks.sink import BatchContext, PendingCommit, SinkContext
 
@@ -75,6 +75,7 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
         kafka_module()
         self._context: SinkContext | None = None
         self._producer: Any = None
+        self._admin: Any = None
         self._lock = threading.Lock()
         self._committed: int | None = None
         """The newest batch time in a marker of this output (None: none yet)."""
@@ -85,7 +86,7 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_producer"] = state["_lock"] = None  # driver-only; tasks only encode rows
+        state["_producer"] = state["_admin"] = state["_lock"] = None  # driver-only; tasks only encode rows
         return state
 
     def __repr__(self) -> str:
@@ -95,10 +96,8 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
     def open(self, context: SinkContext) -> None:
         """Find the output topic, create the commit topic when missing, fence earlier drivers of
         this output (``init_transactions`` aborts what they left open), read the markers."""
-        from confluent_kafka.admin import AdminClient
-
         self._context = context
-        admin = AdminClient(client_settings(self.bootstrap_servers, self.config))
+        admin = self._admin_client()
         topics = topic_partitions(admin, f"output {context.output}")
         if self.topic not in topics:
             raise ConfigurationError(
@@ -223,9 +222,7 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
         """The newest committed marker of this output: every record of the commit topic a
         read_committed consumer sees, up to the end (the topic is compacted: one per output)."""
         kafka = kafka_module()
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient(client_settings(self.bootstrap_servers, self.config))
+        admin = self._admin_client()
         what = f"output {self._opened().output}"
         partitions = [(self.commit_topic, p) for p in topic_partitions(admin, what).get(self.commit_topic, [])]
         ends = {tp: end for tp, end in list_offsets(admin, partitions, True, what).items() if end > 0}
@@ -269,6 +266,11 @@ class KafkaSink(ExactlyOnceSink[pa.Table]):
                 raise ConfigurationError(
                     f"creating the commit topic {self.commit_topic!r} failed ({exception.args[0].str()}); create it "
                     "yourself (compacted, cleanup.policy=compact), or name another with commit_topic=") from None
+
+    def _admin_client(self) -> Any:
+        if self._admin is None:
+            self._admin = admin_client(self.bootstrap_servers, self.config)
+        return self._admin
 
     def _opened(self) -> SinkContext:
         if self._context is None:

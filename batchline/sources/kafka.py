@@ -19,6 +19,7 @@ position always comes from the checkpoint, never from the group.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import logging
@@ -41,7 +42,14 @@ from pyspark.sql.types import (
 )
 
 from batchline.errors import ConfigurationError, SourceError
-from batchline.kafka_clients import TopicPartitionKey, client_settings, kafka_module, list_offsets, topic_partitions
+from batchline.kafka_clients import (
+    TopicPartitionKey,
+    admin_client,
+    client_settings,
+    kafka_module,
+    list_offsets,
+    topic_partitions,
+)
 from batchline.sources.source import DeadLetter, Position, Source, SourceBatch, SourceRun, Split
 from batchline.state.schema import as_struct
 
@@ -339,9 +347,10 @@ class KafkaSource(Source):
             pa.timestamp("ms", tz="UTC"))
         keys = pa.array([m.key() for m in messages], pa.binary())
         found_headers = [m.headers() for m in messages]
+        headers_type = _arrow_type(_HEADERS)
         headers = (pa.array([None if h is None else [{"key": k, "value": v} for k, v in h] for h in found_headers],
-                            self._arrow_type(_HEADERS))
-                   if any(found_headers) else pa.nulls(len(messages), self._arrow_type(_HEADERS)))
+                            headers_type)
+                   if any(found_headers) else pa.nulls(len(messages), headers_type))
         values = [m.value() for m in messages]
         if self.value_schema is None:
             yield pa.RecordBatch.from_arrays(
@@ -387,21 +396,13 @@ class KafkaSource(Source):
             self._arrow_schema = to_arrow_schema(self.value_schema, timezone="UTC")
         return self._arrow_schema
 
-    @staticmethod
-    def _arrow_type(kind: Any) -> pa.DataType:
-        from pyspark.sql.pandas.types import to_arrow_type
-
-        return to_arrow_type(kind, timezone="UTC")
-
     # ---------------------------------------------------------------- the brokers
     def _group(self) -> str:
         return self.group_id or "batchline-" + "-".join(self.topics or [self.pattern or ""])
 
     def _admin_client(self) -> Any:
         if self._admin is None:
-            from confluent_kafka.admin import AdminClient
-
-            self._admin = AdminClient(client_settings(self.bootstrap_servers, self.config))
+            self._admin = admin_client(self.bootstrap_servers, self.config)
         return self._admin
 
     def _partitions(self) -> list[TopicPartitionKey]:
@@ -414,6 +415,14 @@ class KafkaSource(Source):
             matcher = re.compile(self.pattern or "")
             names = sorted(t for t in found if matcher.fullmatch(t))
         return [(topic, partition) for topic in names for partition in found[topic]]
+
+
+@functools.cache
+def _arrow_type(kind: Any) -> pa.DataType:
+    """A Spark type as Arrow carries it (timestamps in UTC), worked out once per type."""
+    from pyspark.sql.pandas.types import to_arrow_type
+
+    return to_arrow_type(kind, timezone="UTC")
 
 
 # ------------------------------------------------------------------------------ positions

@@ -407,9 +407,8 @@ class AggregationNode(BuiltInNode):
     def late_rows(self, rows: DataFrame) -> DataFrame:
         """Each row once per window it missed, with that window's start and end; a row of a
         session window when its own session (the row's time plus the gap) ended."""
-        grouping = self.grouping
-        if self.late_column is None or grouping is None:
-            return super().late_rows(rows)  # refuses: a running aggregation drops nothing
+        grouping = self.grouping  # a running aggregation (no window) drops no row
+        assert grouping is not None
         if isinstance(grouping, SessionWindow):
             return rows.withColumn(LATE_AT, F.unix_millis(F.col(grouping.column).cast("timestamp"))
                                    + F.lit(grouping.gap_ms))
@@ -417,7 +416,6 @@ class AggregationNode(BuiltInNode):
         return windows.select(*[F.col(c) for c in rows.columns], F.col(f"{_WINDOW}.start").alias(WINDOW_START),
                               F.col(f"{_WINDOW}.end").alias(WINDOW_END),
                               F.unix_millis(F.col(f"{_WINDOW}.end")).alias(LATE_AT))
-
 
     def watermark(self) -> Watermark | None:
         """Downstream, event time is the window's end (as Spark's ``window.end``); a running

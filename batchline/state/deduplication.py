@@ -128,7 +128,6 @@ class DeduplicationNode(BuiltInNode):
         """A row at or before the watermark is late, as Spark's ``eventTime <= watermark``."""
         return None if self.event_time is None else self.event_time.column
 
-
     def derive(self, input_schema: StructType) -> tuple[KeepFirst, StructType, StructType]:
         check_event_time(self, input_schema)
         row = input_schema[_ROW].dataType

@@ -176,11 +176,11 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
         apply_tables(entries, tables(), spec_state, single_key, what, into_base=True)
     except _DamagedSnapshot as damaged:
         avoid = without_snapshots | {damaged.version}
-        # Only from an older snapshot: deltas alone could start after versions already purged.
-        _, instead = files.plan_load(generation, partition, version, below, without_snapshots=avoid)
-        if not instead or instead[0][1] != SNAPSHOT:
-            raise damaged.error from None
         try:
+            # Only from an older snapshot: deltas alone could start after versions already purged.
+            _, instead = files.plan_load(generation, partition, version, below, without_snapshots=avoid)
+            if not instead or instead[0][1] != SNAPSHOT:
+                raise damaged.error from None
             rebuilt = load_partition(files, spec_state, single_key, generation, partition, version, below, None,
                                      avoid)
         except StateVersionError:

@@ -44,20 +44,26 @@ class LateRowsNode(StreamNode):
 
 class _LateRowsRuntime(StreamRuntime):
     node: LateRowsNode
+    _schema: StructType | None = None
+    """The stream's columns, the same every batch: worked out (a query analysis) once."""
 
     def compute(self, batch_time: int) -> DataFrame:
         operator = self.node.operator
         shaped = operator.late_rows(self.parent_frame(batch_time, 0))
+        schema = self._schema or self._columns(shaped)
+        names = schema.fieldNames()[:-2]
+        return shaped.mapInArrow(_late_filter(operator.name, batch_time, names), schema)
+
+    def _columns(self, shaped: DataFrame) -> StructType:
         fields = [f for f in shaped.schema.fields if f.name != LATE_AT]
         clash = [f.name for f in fields if f.name in (OPERATOR, WATERMARK)]
         if clash:
             raise ConfigurationError(
-                f"the late rows of operator {operator.name!r} add the columns {OPERATOR!r} and {WATERMARK!r}, but its "
-                f"input has {clash}; rename them before the operator")
-        schema = StructType([*fields, StructField(OPERATOR, StringType(), False),
-                             StructField(WATERMARK, TimestampType(), False)])
-        names = [f.name for f in fields]
-        return shaped.mapInArrow(_late_filter(operator.name, batch_time, names), schema)
+                f"the late rows of operator {self.node.operator.name!r} add the columns {OPERATOR!r} and "
+                f"{WATERMARK!r}, but its input has {clash}; rename them before the operator")
+        self._schema = StructType([*fields, StructField(OPERATOR, StringType(), False),
+                                   StructField(WATERMARK, TimestampType(), False)])
+        return self._schema
 
 
 def _late_filter(operator: str, batch_time: int, names: list[str]) \

@@ -126,12 +126,16 @@ class StatefulNode(StreamNode):
         """The stream whose rows the operator takes in, as they came (before any partials)."""
         return self.parents[0]
 
+    @property
+    def drops_late_rows(self) -> bool:
+        """Whether rows behind the watermark are dropped (and so have a stream, ``late_rows``)."""
+        return self.late_column is not None and self.event_time is not None
+
     def late_rows(self, rows: DataFrame) -> DataFrame:
         """``rows`` (of ``rows_node``) as the late stream shows them, with the column
-        ``LATE_AT``: the epoch ms at or before which the watermark makes each row late."""
-        if self.late_column is None or self.event_time is None:
-            raise ConfigurationError(f"operator {self.name!r} drops no row as late; late_rows is for operators "
-                                     "that do (windows, deduplication, event-time timeouts)")
+        ``LATE_AT``: the epoch ms at or before which the watermark makes each row late. Only
+        for an operator that ``drops_late_rows``."""
+        assert self.event_time is not None
         return rows.withColumn(LATE_AT, F.unix_millis(F.col(self.event_time.column).cast("timestamp")))
 
     resolved = True

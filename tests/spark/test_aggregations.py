@@ -1,24 +1,15 @@
 """Running and event-time windowed aggregations end to end, one batch at a time: partials in
 Spark, their merge in the state, append and update modes, late partials dropped and counted."""
 
-import datetime as dt
-
 import pytest
 
 from batchline import aggregates as agg
 from batchline import session_window, window
 from batchline.errors import ConfigurationError
 from batchline.testing import BatchHarness
+from tests.helpers import at, naive
 
 SCHEMA = "user string, amount long, ts timestamp"
-
-
-def at(seconds):
-    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)
-
-
-def naive(seconds):
-    return at(seconds).replace(tzinfo=None)
 
 
 def harness(spark, tmp_path, build):

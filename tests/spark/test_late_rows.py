@@ -2,24 +2,15 @@
 comes out of ``late_rows`` with the operator's name and the watermark it missed (for a window,
 with the window it missed), is counted, and is never in a window that was already emitted."""
 
-import datetime as dt
-
 import pytest
 
 from batchline import aggregates as agg
 from batchline import session_window, window
 from batchline.errors import ConfigurationError
 from batchline.testing import BatchHarness, CollectSink
+from tests.helpers import at, naive
 
 SCHEMA = "user string, amount long, ts timestamp"
-
-
-def at(seconds):
-    return dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=seconds)
-
-
-def naive(seconds):
-    return at(seconds).replace(tzinfo=None)
 
 
 def run(spark, tmp_path, operator):

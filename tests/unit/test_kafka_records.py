@@ -9,7 +9,7 @@ import pytest
 from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from batchline.errors import ConfigurationError
-from batchline.sources.kafka import KafkaSource, _capped, _splits, _starting_offsets
+from batchline.sources.kafka import KafkaSource, _arrow_type, _capped, _splits, _starting_offsets
 from batchline.sources.source import DeadLetter
 
 
@@ -46,7 +46,7 @@ def test_a_source_names_its_topics_one_way():
 
 
 def coordinates(count):
-    schema = KafkaSource._arrow_type(KafkaSource("b:9092", topics=["t"], schema="n long").schema()["kafka"].dataType)
+    schema = _arrow_type(KafkaSource("b:9092", topics=["t"], schema="n long").schema()["kafka"].dataType)
     rows = [{"topic": "t", "partition": 0, "offset": i, "timestamp": None, "key": None, "headers": None}
             for i in range(count)]
     return pa.array(rows, schema)
