@@ -20,6 +20,7 @@ from batchline.sources.receiver import Receiver
 from batchline.sources.source import DeadLetter, Source, SourceBatch
 from batchline.state import aggregates
 from batchline.state.aggregation import OutputMode, SessionWindow, TimeWindow, session_window, window
+from batchline.state.join import JoinType, Within
 
 __all__ = [
     "BatchContext",
@@ -34,6 +35,7 @@ __all__ = [
     "ContextStateError",
     "DeadLetter",
     "ExactlyOnceSink",
+    "JoinType",
     "KeyedStream",
     "ManualClock",
     "NoOutputOperationError",
@@ -51,6 +53,7 @@ __all__ = [
     "StreamingListener",
     "SystemClock",
     "TimeWindow",
+    "Within",
     "WriteAttempt",
     "aggregates",
     "session_window",

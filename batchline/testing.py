@@ -128,21 +128,28 @@ class BatchHarness:
                                "key string, value long", checkpoint=str(tmp_path)).start()
         assert harness.batch([("a", 1)]) == [{"key": "a", "count": 1}]
         harness.stop()
+
+    A list of schemas makes as many inputs: ``build(first, second)`` gets them all, and
+    ``batch(first_rows, second_rows)`` gives each its rows (a join's two streams).
     """
 
-    def __init__(self, spark: SparkSession, build: Callable[[Stream], Stream], schema: StructType | str | type, *,
+    def __init__(self, spark: SparkSession, build: Callable[..., Stream],
+                 schema: StructType | str | type | list[StructType | str | type], *,
                  checkpoint: str | None = None, batch_interval_ms: int = 1000, start_ms: int = 100_000,
                  **context_options: Any) -> None:
         self.spark = spark
-        self.schema = as_struct(schema, "the schema of BatchHarness")
+        schemas = schema if isinstance(schema, list) else [schema]
+        self.schemas = [as_struct(s, "the schema of BatchHarness") for s in schemas]
+        self.schema = self.schemas[0]
         self.clock = ManualClock(start_ms)
         self.interval_ms = batch_interval_ms
         self.ssc = StreamingContext(spark, batch_interval_ms / 1000, clock=self.clock, checkpoint=checkpoint,
                                     **context_options)
         self.recorder = BatchRecorder()
         self.ssc.add_listener(self.recorder)
-        self.input = self.ssc.queue_stream([], schema=self.schema)
-        self.output = build(self.input)
+        self.inputs = [self.ssc.queue_stream([], schema=s) for s in self.schemas]
+        self.input = self.inputs[0]
+        self.output = build(*self.inputs)
         self.sink = CollectSink()
         self.output.foreach_batch(self.sink, name="collect")
         self.batch_time = start_ms
@@ -151,10 +158,13 @@ class BatchHarness:
         self.ssc.start()
         return self
 
-    def batch(self, rows: list[Any] | tuple[Any, ...] = (), timeout: float = 120) -> list[dict[str, Any]]:
-        """Queue ``rows`` for the next batch, run it, and return its output rows (sorted)."""
-        if rows:
-            self.input.push(self.spark.createDataFrame(list(rows), self.schema))
+    def batch(self, rows: list[Any] | tuple[Any, ...] = (), *more: list[Any] | tuple[Any, ...],
+              timeout: float = 120) -> list[dict[str, Any]]:
+        """Queue ``rows`` (and the further inputs' ``more``) for the next batch, run it, and
+        return its output rows (sorted)."""
+        for stream, schema, given in zip(self.inputs, self.schemas, (rows, *more), strict=False):
+            if given:
+                stream.push(self.spark.createDataFrame(list(given), schema))
         self.clock.advance(self.interval_ms)
         self.batch_time += self.interval_ms
         info = self.recorder.wait_for_batch(self.batch_time, timeout)

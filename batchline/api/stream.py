@@ -26,6 +26,7 @@ from batchline.state.aggregates import check_aggregates
 from batchline.state.aggregation import AggregationNode, OutputMode, SessionWindow, TimeWindow
 from batchline.state.deduplication import DeduplicationNode
 from batchline.state.group_state import AtEnd, GroupStateTimeout
+from batchline.state.join import JoinNode, JoinType, Within
 from batchline.state.late_rows import LateRowsNode
 from batchline.state.stateful import StatefulNode
 from batchline.streams import OutputOperation, StreamGraph, StreamNode, TransformNode, WatermarkNode, WindowNode
@@ -125,6 +126,32 @@ class Stream:
             raise ConfigurationError("deduplication takes column names; add computed columns with with_column first")
         node = DeduplicationNode(self.node, columns, within=within, within_watermark=within_watermark, name=name,
                                  num_partitions=num_partitions)
+        self.graph.claim(node)
+        return Stream(node, self.graph)
+
+    def join(self, other: Stream, on: str | Sequence[str | tuple[str, str]], *, how: JoinType | str = "inner",
+             within: Within | Sequence[object] | None = None, name: str = "join",
+             num_partitions: int | None = None) -> Stream:
+        """Join this stream (left) with ``other`` (right) on equal ``on`` columns (names alike on
+        both sides, or ``(left, right)`` pairs), as Spark's stream-stream join: each pair of rows
+        that meets the condition comes out once, in the batch where the second of the two
+        arrives.
+
+        ``how``: ``"inner"``, ``"left"``, ``"right"``, ``"full"`` (outer: a row that never met one
+        comes out with nulls for the other side, once the watermark says none can come) or
+        ``"left_semi"`` (each left row that meets a right row, once, with the left's columns).
+
+        ``within=(left_time, right_time, lower, upper)``: only pairs whose right time lies in
+        ``[left_time + lower, left_time + upper]`` (durations, negative ones allowed, e.g.
+        ``("shown_at", "clicked_at", "0 seconds", "1 hour")``). With ``with_watermark`` on both
+        streams, on those columns, rows behind the watermark are late (dropped, counted, and on
+        ``late_rows``) and each side's buffered rows go once no row to come can meet them.
+        Without it an inner join keeps every row for ever (a warning says so); outer and semi
+        joins need it.
+
+        Output columns: keys named alike once, then the left's columns, then the right's; a
+        column name both sides have otherwise must be renamed first."""
+        node = JoinNode(self.node, other.node, on, how=how, within=within, name=name, num_partitions=num_partitions)
         self.graph.claim(node)
         return Stream(node, self.graph)
 

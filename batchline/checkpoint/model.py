@@ -25,6 +25,8 @@ class OperatorProgress:
     """What a stateful operator must know again after a restart, as of a committed batch."""
 
     max_event_time_ms: int | None = None
+    input_max_event_time_ms: dict[int, int] = field(default_factory=dict)
+    """The newest event time per input, of an operator that reads several (a join)."""
     finished_partitions: tuple[int, ...] = ()
     """Partitions finished for good (their inputs ended and no timeout may fire)."""
     finished_after: int | None = None
@@ -38,6 +40,8 @@ class OperatorProgress:
     def to_json(self) -> dict[str, Any]:
         """The operator's own progress record: what it wrote, read back the same."""
         payload: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms}
+        if self.input_max_event_time_ms:
+            payload["input_max_event_time_ms"] = {str(i): t for i, t in sorted(self.input_max_event_time_ms.items())}
         if self.finished_partitions:
             payload.update(finished_partitions=list(self.finished_partitions), finished_after=self.finished_after)
         if self.partitions is not None:
@@ -50,6 +54,7 @@ class OperatorProgress:
         partitions = payload.get("partitions")
         return cls(
             max_event_time_ms=_optional_int(payload.get("max_event_time_ms")),
+            input_max_event_time_ms={int(i): int(t) for i, t in payload.get("input_max_event_time_ms", {}).items()},
             finished_partitions=tuple(int(p) for p in payload.get("finished_partitions", ())),
             finished_after=_optional_int(payload.get("finished_after")),
             partitions=None if partitions is None else {int(p): facts for p, facts in partitions.items()},

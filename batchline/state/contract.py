@@ -51,10 +51,10 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 BATCH_PARAMS_PROPERTY = "batchline.state.batch"
+"""The Spark local property that carries each operator's ``BatchParams`` to its tasks."""
 LATE_AT = "__batchline_late_at"
 """The column a stateful node's ``late_rows`` adds to its input rows: the epoch ms at or before
 which the watermark makes the row late."""
-"""The Spark local property that carries each operator's ``BatchParams`` to its tasks."""
 MARKER_COLUMN = "__batchline_state_partition"
 """The column of the operator's shuffled input that tells each task its state partition: one
 marker row per partition holds the partition's number, data rows hold null
@@ -87,6 +87,9 @@ class OperatorSpec:
     rows_column: str | None = None
     """The column that says how many input rows each row stands for (a partial aggregate's
     count), for the rows and late rows counted; None: one each."""
+    input_column: str | None = None
+    """The column that says which of the operator's inputs a row came from (a join's side),
+    so that the newest event time is counted per input; None: the operator reads one input."""
 
     @property
     def operator(self) -> str:
@@ -198,7 +201,7 @@ def batch_params_from_property(value: str | None, operator: str) -> BatchParams:
 
 
 # -------------------------------------------------------------------- statistics
-_SUM, _MAX, _OR, _UNION = "sum", "max", "or", "union"
+_SUM, _MAX, _OR, _UNION, _MAX_EACH = "sum", "max", "or", "union", "max_each"
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,8 @@ class Stats:
     delta_bytes: int = 0
     """Bytes of the delta files written."""
     max_event_time_ms: int | None = field(default=None, metadata={"merge": _MAX})
+    input_max_event_time_ms: dict[int, int] = field(default_factory=dict, metadata={"merge": _MAX_EACH})
+    """The newest event time per input, for an operator that reads several (``input_column``)."""
     partitions: int = field(default=0, metadata={"merge": _OR})
     """A bit per state partition that ran, to prove none was coalesced away."""
     timers: int = field(default=0, metadata={"merge": _OR})
@@ -257,6 +262,9 @@ class Stats:
                 merged[f.name] = a | b
             elif how == _UNION:
                 merged[f.name] = {**a, **b}
+            elif how == _MAX_EACH:
+                merged[f.name] = {k: max(a.get(k, v), v) for k, v in b.items()} | \
+                    {k: v for k, v in a.items() if k not in b}
             else:
                 merged[f.name] = a + b
         return Stats(**merged)
@@ -264,6 +272,7 @@ class Stats:
     def to_json(self) -> dict[str, Any]:
         payload = dataclasses.asdict(self)
         payload["partitions_after"] = {str(p): facts.to_json() for p, facts in self.partitions_after.items()}
+        payload["input_max_event_time_ms"] = {str(i): t for i, t in self.input_max_event_time_ms.items()}
         return payload
 
     @classmethod
@@ -273,6 +282,8 @@ class Stats:
         fields = {k: v for k, v in payload.items() if k in known}
         fields["partitions_after"] = {int(p): PartitionFacts.from_json(facts)
                                       for p, facts in fields.get("partitions_after", {}).items()}
+        fields["input_max_event_time_ms"] = {int(i): int(t)
+                                             for i, t in fields.get("input_max_event_time_ms", {}).items()}
         return cls(**fields)
 
 

@@ -277,11 +277,7 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
         weights = None if spec.rows_column is None else batch.column(spec.rows_column)
         stats.rows += batch.num_rows if weights is None else pc.sum(weights).as_py() or 0
         if spec.event_time_column is not None:
-            times = pc.cast(batch.column(spec.event_time_column), pa.timestamp("us", tz="UTC"))
-            newest = pc.max(times).as_py()
-            if newest is not None:
-                newest_ms = int(newest.timestamp() * 1000)
-                stats.max_event_time_ms = max(stats.max_event_time_ms or newest_ms, newest_ms)
+            _count_event_times(spec, batch, stats)
         if spec.late_column is not None and params.watermark_ms is not None:
             column = batch.column(spec.late_column)
             if pa.types.is_integer(column.type):  # epoch milliseconds
@@ -308,6 +304,27 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
         raise ConfigurationError(f"one task got the marker rows of state partitions {sorted(named)}; this is a bug "
                                  "in batchline: report it with the pipeline's description")
     return groups, named.pop() if named else None
+
+
+def _count_event_times(spec: OperatorSpec, batch: pa.RecordBatch, stats: Stats) -> None:
+    """The batch's newest event time (timestamps, or epoch ms in an integer column), and, for
+    an operator that reads several inputs, each input's."""
+    assert spec.event_time_column is not None
+    column = batch.column(spec.event_time_column)
+    times = column if pa.types.is_integer(column.type) else \
+        pc.divide(pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64()), 1000)
+    newest = pc.max(times).as_py()
+    if newest is None:
+        return
+    stats.max_event_time_ms = max(stats.max_event_time_ms or newest, newest)
+    if spec.input_column is None:
+        return
+    inputs = batch.column(spec.input_column)
+    for which in pc.unique(inputs).to_pylist():
+        found = pc.max(times.filter(pc.equal(inputs, which))).as_py()
+        if found is not None:
+            known = stats.input_max_event_time_ms.get(which)
+            stats.input_max_event_time_ms[which] = found if known is None else max(known, found)
 
 
 def _row_maker(names: list[str]) -> Callable[[Iterable[Any]], tuple[Any, ...]]:

@@ -120,6 +120,12 @@ class StatefulNode(StreamNode):
 
     rows_column: str | None = None
     """See ``OperatorSpec.rows_column``: a state function's input rows count one each."""
+    input_column: str | None = None
+    """See ``OperatorSpec.input_column``: set by an operator that reads several inputs."""
+    input_watermarks: tuple[Watermark | None, ...] = ()
+    """For an operator that reads several inputs (a join), each input's watermark: the
+    operator's is the lowest among the inputs whose event time has been seen (Spark's global
+    watermark); ``event_time`` then names the column that holds each row's own event time."""
 
     @property
     def rows_node(self) -> StreamNode:
@@ -177,6 +183,8 @@ class StatefulRuntime(StreamRuntime):
         self.metadata: StateMetadata | None = None
         self.prev_version: int | None = None
         self.max_event_time_ms: int | None = None
+        self.input_max_event_time_ms: dict[int, int] = {}
+        """Per input, for an operator that reads several (``StatefulNode.input_watermarks``)."""
         self.last_rows_at: int | None = None
         """The time of the newest batch that brought the operator rows (for the idle timeout)."""
         self._batches: dict[int, OperatorBatch] = {}
@@ -283,6 +291,7 @@ class StatefulRuntime(StreamRuntime):
 
     def restore_progress(self, progress: dict[str, Any]) -> None:
         self.max_event_time_ms = progress.get("max_event_time_ms")
+        self.input_max_event_time_ms = {int(i): int(t) for i, t in progress.get("input_max_event_time_ms", {}).items()}
         self.last_rows_at = progress.get("last_rows_at")
         self._drained = set(progress.get("finished_partitions", ()))
         self._finished_after = progress.get("finished_after")
@@ -292,6 +301,8 @@ class StatefulRuntime(StreamRuntime):
 
     def progress(self) -> dict[str, Any]:
         progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms, "last_rows_at": self.last_rows_at}
+        if self.input_max_event_time_ms:
+            progress["input_max_event_time_ms"] = {str(i): t for i, t in sorted(self.input_max_event_time_ms.items())}
         if self._drained:
             progress.update(finished_partitions=sorted(self._drained), finished_after=self._finished_after)
         if self._facts is not None and self.metadata is not None:
@@ -376,6 +387,7 @@ class StatefulRuntime(StreamRuntime):
             key_schema=metadata.key_schema, state=node.state_schema, output=node.output_schema, fn=node.fn,
             flat=node.flat, timeout=node.timeout, event_time_column=node.event_time.column if node.event_time else None,
             journal=self._checkpoint.events, late_column=node.late_column, rows_column=node.rows_column,
+            input_column=node.input_column,
         )
         task, stats = operator_task(self.env.spark.sparkContext, spec, batch_time)
         batch = self._part_of(batch_time)
@@ -409,6 +421,11 @@ class StatefulRuntime(StreamRuntime):
 
     def watermark_ms(self, batch_time: int) -> int | None:
         event_time = self.node.event_time
+        if self.node.input_watermarks:
+            seen = [w.at(self.input_max_event_time_ms[i], batch_time, self.last_rows_at)
+                    for i, w in enumerate(self.node.input_watermarks)
+                    if w is not None and i in self.input_max_event_time_ms]
+            return min(seen) if seen else None
         if event_time is None or self.max_event_time_ms is None:
             return None
         return event_time.at(self.max_event_time_ms, batch_time, self.last_rows_at)
@@ -510,6 +527,8 @@ class StatefulRuntime(StreamRuntime):
         running, ending, watermark = started.running, started.ending, started.watermark_ms
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
+        for i, newest in stats.input_max_event_time_ms.items():
+            self.input_max_event_time_ms[i] = max(self.input_max_event_time_ms.get(i, newest), newest)
         if stats.rows:
             self.last_rows_at = max(self.last_rows_at or batch_time, batch_time)
         facts = self._facts_after(running, stats)

@@ -1,0 +1,410 @@
+"""Joining two streams (``Stream.join``): inner, left/right/full outer and left semi joins on
+equal keys and, optionally, an event-time range, with Spark's stream-stream join semantics.
+
+A join is one stateful operator with two inputs. Each batch, Spark tags the rows of both
+streams with their side and their times and unions them (``_JoinInput``); the operator shuffles
+them by the join key into its state partitions, so both sides of a key meet in one task, and
+calls ``JoinRows`` per key with the key's new rows and its state: each side's buffered rows.
+
+- A pair of rows that meets the condition is emitted once, in the batch where the second of
+  the two arrives (new left rows meet the right rows buffered before, then new right rows
+  meet every left row buffered, this batch's included), as Spark's symmetric hash join does.
+- ``within=(left_time, right_time, lower, upper)`` keeps pairs whose right time lies in
+  ``[left_time + lower, left_time + upper]``. Rows at or before the watermark (the lowest of
+  the two streams', Spark's global watermark) are late: dropped and counted. A buffered row
+  goes once no row still to come can meet it: a left row once ``left_time + upper`` lies before
+  the watermark, a right row once ``right_time - lower`` does (Spark's state watermarks,
+  one millisecond on the safe side as Spark's). An outer join emits a row that never met one,
+  with nulls for the other side, as it goes; so does every row at the inputs' end.
+- Without ``within`` the state is never dropped: an inner join says so at definition, an
+  outer or semi join is refused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as _dt
+import enum
+import logging
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+from pyspark.sql import Column, DataFrame
+from pyspark.sql import functions as F
+from pyspark.sql.types import ArrayType, BooleanType, LongType, StructField, StructType
+
+from batchline.choices import choose
+from batchline.durations import parse_duration_ms
+from batchline.errors import ConfigurationError
+from batchline.state.built_in import BuiltInNode
+from batchline.state.contract import LATE_AT
+from batchline.state.group_state import GroupState, GroupStateTimeout, TimeoutNotEnabledError
+from batchline.streams.base import StreamNode, Watermark
+from batchline.streams.nodes import TransformNode
+
+__all__ = ["JoinNode", "JoinRows", "JoinType", "Within"]
+
+logger = logging.getLogger(__name__)
+
+LEFT, RIGHT = 0, 1
+SIDE = "__batchline_side"
+"""Which stream a row of the join's input came from: ``LEFT`` or ``RIGHT``."""
+TIME = "__batchline_time_ms"
+"""A row's time in the range condition (epoch ms); in a buffered row, the same."""
+EVENT_TIME = "__batchline_event_ms"
+"""A row's event time (epoch ms) when its stream has a watermark, else null: what the
+watermark follows and what makes a row late."""
+MATCHED = "__batchline_matched"
+"""Whether a buffered row has met a row of the other side (an outer join emits it with nulls
+when it goes if not)."""
+_PREFIXES = ("__batchline_l_", "__batchline_r_")
+
+
+class JoinType(enum.Enum):
+    INNER = "inner"
+    LEFT = "left"
+    RIGHT = "right"
+    FULL = "full"
+    LEFT_SEMI = "left_semi"
+
+    @property
+    def keeps_unmatched(self) -> tuple[bool, bool]:
+        """Whether a left / right row that never met one is emitted (with nulls)."""
+        return self in (JoinType.LEFT, JoinType.FULL), self in (JoinType.RIGHT, JoinType.FULL)
+
+
+@dataclasses.dataclass(frozen=True)
+class Within:
+    """Pairs whose right time lies in ``[left_time + lower_ms, left_time + upper_ms]``."""
+
+    left_time: str
+    right_time: str
+    lower_ms: int
+    upper_ms: int
+
+    @classmethod
+    def of(cls, value: Within | Sequence[object]) -> Within:
+        if isinstance(value, Within):
+            return value
+        if not isinstance(value, (tuple, list)) or len(value) != 4:
+            raise ConfigurationError(
+                "within= takes (left_time, right_time, lower, upper): the right row's time lies in "
+                "[left_time + lower, left_time + upper], e.g. ('shown_at', 'clicked_at', '0 seconds', '1 hour')")
+        left_time, right_time, lower, upper = value
+        if not isinstance(left_time, str) or not isinstance(right_time, str):
+            raise ConfigurationError(f"within= names the two time columns first; got {left_time!r}, {right_time!r}")
+        found = cls(left_time, right_time, _signed_ms(lower, "within's lower bound"),
+                    _signed_ms(upper, "within's upper bound"))
+        if found.lower_ms > found.upper_ms:
+            raise ConfigurationError(f"within's lower bound {lower!r} lies after its upper bound {upper!r}; no row "
+                                     "could ever meet another")
+        return found
+
+
+def _signed_ms(value: object, what: str) -> int:
+    """A duration that may be negative ("-10 minutes", a negative timedelta or number of seconds)."""
+    if isinstance(value, str) and value.strip().startswith("-"):
+        return -parse_duration_ms(value.strip()[1:], what, allow_zero=True)
+    if isinstance(value, _dt.timedelta) and value < _dt.timedelta(0):
+        return -parse_duration_ms(-value, what, allow_zero=True)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and value < 0:
+        return -parse_duration_ms(-value, what, allow_zero=True)
+    return parse_duration_ms(value, what, allow_zero=True)
+
+
+def _epoch_ms(column: str) -> Column:
+    return F.unix_millis(F.col(column).cast("timestamp"))
+
+
+@dataclasses.dataclass(frozen=True)
+class _JoinInput:
+    """Both streams' rows of a batch as one frame: the key (under the left's names), the side,
+    the times, then each side's columns under a prefix of its own (null on the other side's rows)."""
+
+    key_names: tuple[str, ...]
+    right_keys: tuple[str, ...]
+    times: tuple[str | None, str | None]
+    """Each side's column of the range condition."""
+    event_times: tuple[str | None, str | None]
+    """Each side's watermark column."""
+
+    def __call__(self, left: DataFrame, right: DataFrame) -> DataFrame:
+        sides = []
+        for side, (df, keys) in enumerate(((left, self.key_names), (right, self.right_keys))):
+            which = "left" if side == LEFT else "right"
+            missing = [c for c in (*keys, self.times[side], self.event_times[side]) if c and c not in df.columns]
+            if missing:
+                raise ConfigurationError(f"join: the {which} stream has no column(s) {missing}; it has {df.columns}")
+            time, event = self.times[side], self.event_times[side]
+            sides.append(df.select(
+                *[F.col(k).alias(n) for k, n in zip(keys, self.key_names, strict=True)],
+                F.lit(side).cast("byte").alias(SIDE),
+                (_epoch_ms(time) if time else F.lit(None).cast("long")).alias(TIME),
+                (_epoch_ms(event) if event else F.lit(None).cast("long")).alias(EVENT_TIME),
+                *[F.col(c).alias(_PREFIXES[side] + c) for c in df.columns]))
+        left_keys, right_keys = (StructType([s.schema[n] for n in self.key_names]) for s in sides)
+        if left_keys.simpleString() != right_keys.simpleString():
+            raise ConfigurationError(
+                f"join: the key columns have different types on the two sides ({left_keys.simpleString()} and "
+                f"{right_keys.simpleString()}); cast one side's with with_column before joining")
+        return sides[LEFT].unionByName(sides[RIGHT], allowMissingColumns=True)
+
+
+@dataclasses.dataclass(frozen=True)
+class JoinRows:
+    """The join's state function; plain data, pickled into the tasks. The state is
+    ``(left rows, right rows)``: each a list of the side's buffered rows as dicts of its columns,
+    ``TIME`` and ``MATCHED``."""
+
+    how: JoinType
+    side_index: int
+    time_index: int
+    columns: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
+    """Per side: (column name, index in an input row) of each of its columns."""
+    output: tuple[tuple[int, Any], ...]
+    """Per output column: where it comes from (-1: the key, at the index given; LEFT or RIGHT:
+    that side's row, the column named)."""
+    within: tuple[int, int] | None
+    """(lower, upper) ms of the range condition, or None: every pair of equal keys meets."""
+    evict_after: tuple[int | None, int | None]
+    """Per side: a buffered row goes once its time is at or before the watermark minus this;
+    None: it stays (its state grows for ever)."""
+
+    def __call__(self, key: Any, rows: Iterator[tuple[Any, ...]], state: GroupState[Any]) -> Iterable[Any]:
+        left, right = state.get() if state.exists else ([], [])
+        left, right = list(left), list(right)
+        out: list[tuple[Any, ...]] = []
+        if not state.has_timed_out:
+            arrived: tuple[list[dict[str, Any]], list[dict[str, Any]]] = ([], [])
+            for row in rows:
+                side = row[self.side_index]
+                row_dict = {name: row[i] for name, i in self.columns[side]}
+                row_dict[TIME], row_dict[MATCHED] = row[self.time_index], False
+                arrived[side].append(row_dict)
+            if key is None or (isinstance(key, tuple) and None in key):
+                # A null key meets nothing (as SQL's equality): an outer side's row goes out alone.
+                for side in (LEFT, RIGHT):
+                    if self.how.keeps_unmatched[side]:
+                        out.extend(self._row(key, *((r, None) if side == LEFT else (None, r))) for r in arrived[side])
+                return out
+            self._meet(key, arrived, left, right, out)
+        watermark = _watermark_ms(state)
+        deadline: int | None = None
+        if watermark is not None:
+            for side, rows_of_side in ((LEFT, left), (RIGHT, right)):
+                after = self.evict_after[side]
+                if after is None:
+                    continue
+                keep = []
+                for stored in rows_of_side:
+                    time = stored[TIME]
+                    if time is not None and time <= watermark - after:
+                        if self.how.keeps_unmatched[side] and not stored[MATCHED]:
+                            out.append(self._row(key, *((stored, None) if side == LEFT else (None, stored))))
+                    else:
+                        keep.append(stored)
+                        if time is not None:
+                            due = time + after - 1  # fires once the watermark passes it: when the row goes
+                            deadline = due if deadline is None else min(deadline, due)
+                rows_of_side[:] = keep
+        if left or right:
+            state.update((left, right))
+            if deadline is not None:
+                state.set_timeout_timestamp(max(deadline, watermark or 1, 1))
+        elif state.exists:
+            state.remove()
+        return out
+
+    def _meet(self, key: Any, arrived: tuple[list[dict[str, Any]], list[dict[str, Any]]],
+              left: list[dict[str, Any]], right: list[dict[str, Any]], out: list[tuple[Any, ...]]) -> None:
+        """New left rows meet the buffered right rows, then new right rows meet every left row."""
+        semi = self.how is JoinType.LEFT_SEMI
+        for new in arrived[LEFT]:
+            for other in right:
+                if self._meets(new, other):
+                    new[MATCHED] = other[MATCHED] = True
+                    if not semi:
+                        out.append(self._row(key, new, other))
+            if semi and new[MATCHED]:
+                out.append(self._row(key, new, None))  # emitted once; no later row needs it
+            else:
+                left.append(new)
+        for new in arrived[RIGHT]:
+            for other in left:
+                if self._meets(other, new):
+                    if semi:
+                        if not other[MATCHED]:
+                            out.append(self._row(key, other, None))
+                    else:
+                        out.append(self._row(key, other, new))
+                    new[MATCHED] = other[MATCHED] = True
+            right.append(new)
+
+    def _meets(self, left: dict[str, Any], right: dict[str, Any]) -> bool:
+        if self.within is None:
+            return True
+        lt, rt = left[TIME], right[TIME]
+        return lt is not None and rt is not None and lt + self.within[0] <= rt <= lt + self.within[1]
+
+    def _row(self, key: Any, left: dict[str, Any] | None, right: dict[str, Any] | None) -> tuple[Any, ...]:
+        values = []
+        for source, where in self.output:
+            if source < 0:
+                values.append(key[where] if isinstance(key, tuple) else key)
+            else:
+                row = left if source == LEFT else right
+                values.append(None if row is None else row[where])
+        return tuple(values)
+
+
+def _column(watermark: Watermark | None) -> str | None:
+    return None if watermark is None else watermark.column
+
+
+def _watermark_ms(state: GroupState[Any]) -> int | None:
+    try:
+        return state.current_watermark_ms()
+    except TimeoutNotEnabledError:
+        return None  # no event time seen yet
+
+
+class JoinNode(BuiltInNode):
+    """``Stream.join``: a stateful operator over both streams' rows, keyed by the join key."""
+
+    rows_column = None  # each input row counts one
+
+    def __init__(self, left: StreamNode, right: StreamNode, on: str | Sequence[str | tuple[str, str]], *,
+                 how: JoinType | str, within: Within | Sequence[object] | None, name: str,
+                 num_partitions: int | None) -> None:
+        self.how = choose(JoinType, how, "how")
+        pairs = _key_pairs(on)
+        self.within = None if within is None else Within.of(within)
+        watermarks = (left.watermark(), right.watermark())
+        what = f"join {name!r}"
+        times = (None, None) if self.within is None else (self.within.left_time, self.within.right_time)
+        for side, watermark in enumerate(watermarks):
+            if watermark is not None and times[side] is not None and times[side] != watermark.column:
+                which = "left" if side == LEFT else "right"
+                raise ConfigurationError(
+                    f"{what}: within= compares the {which} stream's {times[side]!r}, but its watermark follows "
+                    f"{watermark.column!r}; compare the watermark's column (or put the watermark on "
+                    f"{times[side]!r}), so that the watermark says which rows can still meet")
+        # A left row can go once no right row to come can meet it: right rows behind the
+        # watermark are dropped, so that needs the right stream's watermark; and the reverse.
+        evict: tuple[int | None, int | None] = (None, None)
+        if self.within is not None:
+            evict = (self.within.upper_ms + 1 if watermarks[RIGHT] is not None else None,
+                     1 - self.within.lower_ms if watermarks[LEFT] is not None else None)
+        self._check_bounded(what, watermarks, evict)
+        inputs = TransformNode([left, right], _JoinInput(
+            tuple(lk for lk, _ in pairs), tuple(rk for _, rk in pairs), times,
+            (_column(watermarks[LEFT]), _column(watermarks[RIGHT]))), keeps_empty=True)
+        timeout = GroupStateTimeout.EVENT_TIME if evict != (None, None) else GroupStateTimeout.NO_TIMEOUT
+        super().__init__(inputs, tuple(lk for lk, _ in pairs), timeout=timeout, name=name,
+                         num_partitions=num_partitions)
+        self.pairs = pairs
+        self.evict_after = evict
+        self.input_column = SIDE
+        self.input_watermarks = watermarks
+        self.event_time = None if watermarks == (None, None) else Watermark(EVENT_TIME, 0)
+
+    def _check_bounded(self, what: str, watermarks: tuple[Watermark | None, Watermark | None],
+                       evict: tuple[int | None, int | None]) -> None:
+        needs = [side for side in (LEFT, RIGHT)
+                 if (self.how.keeps_unmatched[side] or (self.how is JoinType.LEFT_SEMI and side == LEFT))
+                 and evict[side] is None]
+        if needs:
+            other = "right" if needs[0] == LEFT else "left"
+            raise ConfigurationError(
+                f"{what}: a {self.how.value} join emits a row without a match only once no match can come, so it "
+                f"needs within=(left_time, right_time, lower, upper) and a watermark on the {other} stream "
+                f"(with_watermark(column, delay) on both streams is simplest), as Spark requires")
+        kept = [("left", "right")[side] for side in (LEFT, RIGHT) if evict[side] is None]
+        if kept:
+            reason = ("it has no within=(left_time, right_time, lower, upper)" if self.within is None
+                      else f"the {('right', 'left')[LEFT if kept[0] == 'left' else RIGHT]} stream has no watermark")
+            logger.warning("%s keeps every %s row for ever (%s), as Spark does: its state grows without bound. Add "
+                           "within= and with_watermark on both streams to bound it", what.capitalize(),
+                           " and every ".join(kept), reason)
+
+    @property
+    def rows_node(self) -> StreamNode:
+        return self.parents[0]
+
+    @property
+    def late_column(self) -> str | None:
+        """A row at or before the watermark is late, as Spark drops it from a join's input;
+        rows of a stream without a watermark never are."""
+        return None if self.event_time is None else EVENT_TIME
+
+    def late_rows(self, rows: DataFrame) -> DataFrame:
+        sides = []
+        for side, prefix in enumerate(_PREFIXES):
+            columns = [c for c in rows.columns if c.startswith(prefix)]
+            sides.append(F.when(F.col(SIDE) == side, F.struct(*[F.col(c).alias(c[len(prefix):]) for c in columns])))
+        return rows.select(F.when(F.col(SIDE) == LEFT, "left").otherwise("right").alias("side"),
+                           *self.key_names, sides[LEFT].alias("left"), sides[RIGHT].alias("right"),
+                           F.col(EVENT_TIME).alias(LATE_AT))
+
+    def derive(self, input_schema: StructType) -> tuple[JoinRows, StructType, StructType]:
+        names = input_schema.fieldNames()
+        fields: list[list[StructField]] = [[], []]
+        columns: list[tuple[tuple[str, int], ...]] = []
+        for side, prefix in enumerate(_PREFIXES):
+            found = [(f.name[len(prefix):], names.index(f.name), f) for f in input_schema.fields
+                     if f.name.startswith(prefix)]
+            fields[side] = [StructField(n, f.dataType, True) for n, _, f in found]
+            columns.append(tuple((n, i) for n, i, _ in found))
+        output, out_fields = self._output_plan(fields)
+        stored = [StructType([*fields[side], StructField(TIME, LongType()), StructField(MATCHED, BooleanType())])
+                  for side in (LEFT, RIGHT)]
+        state = StructType([StructField("left", ArrayType(stored[LEFT], False)),
+                            StructField("right", ArrayType(stored[RIGHT], False))])
+        fn = JoinRows(self.how, names.index(SIDE), names.index(TIME), (columns[LEFT], columns[RIGHT]), output,
+                      None if self.within is None else (self.within.lower_ms, self.within.upper_ms),
+                      self.evict_after)
+        return fn, state, StructType(out_fields)
+
+    def _output_plan(self, fields: list[list[StructField]]) -> tuple[tuple[tuple[int, Any], ...], list[StructField]]:
+        """The output's columns: the keys once (joined on names alike), then the left stream's
+        columns, then the right's (none for a semi join)."""
+        plan: list[tuple[int, Any]] = []
+        out: list[StructField] = []
+        keys = set()
+        if self.how is not JoinType.LEFT_SEMI:
+            # A key named alike on both sides appears once, as in Spark's join(on=[names]).
+            for i, (name, other) in enumerate(self.pairs):
+                if name == other:
+                    plan.append((-1, i))
+                    out.append(next(f for f in fields[LEFT] if f.name == name))
+                    keys.add(name)
+        sides = (LEFT,) if self.how is JoinType.LEFT_SEMI else (LEFT, RIGHT)
+        for side in sides:
+            for f in fields[side]:
+                if f.name in keys:
+                    continue
+                if any(o.name == f.name for o in out):
+                    raise ConfigurationError(
+                        f"join {self.name!r}: both streams have a column {f.name!r}; rename one side's before "
+                        "joining (select with an alias), so that the joined rows name each once")
+                plan.append((side, f.name))
+                out.append(f)
+        return tuple(plan), out
+
+
+def _key_pairs(on: str | Sequence[str | tuple[str, str]]) -> tuple[tuple[str, str], ...]:
+    items = [on] if isinstance(on, str) else list(on)
+    pairs = []
+    for item in items:
+        if isinstance(item, str):
+            pairs.append((item, item))
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and all(isinstance(c, str) for c in item):
+            pairs.append((item[0], item[1]))
+        else:
+            raise ConfigurationError(f"join on= takes column names, or (left column, right column) pairs; got {item!r}")
+    if not pairs:
+        raise ConfigurationError("join needs on=: the columns whose values must be equal on both sides")
+    bad = [c for pair in pairs for c in pair if c.startswith("__batchline_")]
+    if bad:
+        raise ConfigurationError(f"join on= names batchline's own column(s) {bad}")
+    return tuple(pairs)
