@@ -2,6 +2,7 @@
 test_spark_join_port.py)."""
 
 from pyspark.sql import functions as F
+
 from batchline.testing import BatchHarness
 
 
