@@ -30,6 +30,39 @@ def write_inputs(incoming):
         (incoming / f"events-{f:02d}.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
 
 
+def write_clicks(clicks):
+    """The second input of ``--join-in``, a file for each input file: a click 3 s after each
+    row whose ``n`` is a multiple of 4 (key ``n``), and one without a row to meet (key ``-n``)
+    for each ``n`` ending in 5."""
+    clicks.mkdir()
+    for f in range(FILES):
+        rows = []
+        for n in range(f * PER_FILE, (f + 1) * PER_FILE):
+            if n % 4 == 0:
+                rows.append({"cid": f"c{n}", "k": n, "m": n + 3})
+            if n % 10 == 5:
+                rows.append({"cid": f"x{n}", "k": -n, "m": n})
+        (clicks / f"clicks-{f:02d}.json").write_text("".join(json.dumps(row) + "\n" for row in rows))
+
+
+def expected_join_ids():
+    """What ``--join-in`` writes once every file was read: each row and its click; each row
+    without one, and each click without one, once the watermark (both streams' newest time
+    minus 5 s: 594 s) says none can come: a row once 10 s and 1 ms after it lie before the
+    watermark, a click once 1 ms after it does (Spark's state watermarks)."""
+    watermark_ms = (FILES * PER_FILE - 1 - 5) * 1000
+    ids = []
+    for n in range(FILES * PER_FILE):
+        row = f"f{n // PER_FILE:02d}-r{n % PER_FILE:02d}"
+        if n % 4 == 0:
+            ids.append(f"j{row}-c{n}")
+        elif n * 1000 <= watermark_ms - 10_001:
+            ids.append(f"j{row}--")
+        if n % 10 == 5 and n * 1000 <= watermark_ms - 1:
+            ids.append(f"j--x{n}")
+    return collections.Counter(ids)
+
+
 def visible_rows(out):
     """What a plain reader sees: every visible JSON part file's rows."""
     for directory, subdirs, files in os.walk(out):
@@ -139,6 +172,7 @@ def inputs(tmp_path_factory):
     """The input files, written once: every test reads them and none changes them."""
     incoming = tmp_path_factory.mktemp("chaos-inputs") / "in"
     write_inputs(incoming)
+    write_clicks(incoming.parent / "clicks")
     return incoming
 
 
@@ -152,7 +186,9 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
     totals per key of a stateful operator with batchline's file output (a batch whose state
     change was applied twice, or lost, would write totals an uninterrupted run never writes);
     besides, a windowed count in append mode and a deduplication on event time: each window
-    emitted once with its count and sum, each key's first row once.
+    emitted once with its count and sum, each key's first row once; and a full outer join of
+    the rows with a second file input (clicks): each pair once, each row or click without a
+    match once.
     It is killed anywhere (starting Spark, recovering, staging, committing, checkpointing);
     every output then equals an uninterrupted run's: nothing lost, nothing duplicated."""
     def outputs(root):
@@ -160,10 +196,12 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
 
     def flags(root):
         _, jsonl, stateful, _ = outputs(root)
-        return "--jsonl-out", jsonl, "--stateful-out", stateful, "--event-time-out", root / "event-time"
+        return ("--jsonl-out", jsonl, "--stateful-out", stateful, "--event-time-out", root / "event-time",
+                "--join-in", inputs.parent / "clicks")
 
     totals_expected = expected_totals()
     windows_expected, firsts_expected = expected_event_time_ids()
+    join_expected = expected_join_ids()
 
     def finish_all(driver, root):
         out, jsonl, stateful, _ = outputs(root)
@@ -172,6 +210,8 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
                                                       (root / "event-time" / "windows", len(windows_expected),
                                                        window_ids),
                                                       (root / "event-time" / "dedup", len(firsts_expected),
+                                                       output_ids),
+                                                      (root / "event-time" / "join", sum(join_expected.values()),
                                                        output_ids)])
 
     # The uninterrupted run, on checkpoint and outputs of its own, alongside the kills.
@@ -212,6 +252,7 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
             assert set(output_ids(stateful).values()) <= {1}, "a running total was written twice"
             assert set(window_ids(root / "event-time" / "windows").values()) <= {1}, "a window was emitted twice"
             assert set(output_ids(root / "event-time" / "dedup").values()) <= {1}, "a first row passed twice"
+            assert set(output_ids(root / "event-time" / "join").values()) <= {1}, "a joined row was written twice"
 
         reference_done()
         expected = output_ids(outputs(reference)[0])
@@ -221,6 +262,7 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
         assert output_ids(outputs(reference)[2]) == totals_expected
         assert window_ids(reference / "event-time" / "windows") == windows_expected
         assert output_ids(reference / "event-time" / "dedup") == firsts_expected
+        assert output_ids(reference / "event-time" / "join") == join_expected
 
         warm.go()
         finish_all(warm, root)
@@ -239,6 +281,8 @@ def test_random_kill_9s_of_three_outputs_lose_and_duplicate_nothing(spark, tmp_p
     # Every window emitted once, final, with the uninterrupted run's count and sum; every key's first row once.
     assert window_ids(root / "event-time" / "windows") == windows_expected
     assert output_ids(root / "event-time" / "dedup") == firsts_expected
+    # Each pair once, each row and click without a match once.
+    assert output_ids(root / "event-time" / "join") == join_expected
 
     got_totals = output_ids(stateful)
     assert got_totals == totals_expected, (f"missing {sorted(set(totals_expected) - set(got_totals))[:5]}, "

@@ -2,7 +2,7 @@
 
     python tests/drivers/chaos_driver.py IN OUT CHECKPOINT [--naive-sink | --jsonl-sink] [--kill-after-first-write]
                                  [--stateful] [--jsonl-out DIR] [--stateful-out DIR] [--event-time-out DIR]
-                                 [--master M]
+                                 [--join-in DIR] [--master M]
 
 ``--naive-sink`` replaces batchline's file output by a plain Spark append (no commit
 protocol); ``--jsonl-sink`` by the user's own exactly-once sink of ``examples/jsonl_sink.py``
@@ -22,6 +22,8 @@ More outputs of the same run, beside OUT's (so that one driver, killed, tests th
 time ``n`` seconds to DIR/windows and DIR/dedup (``write_event_time_outputs``). With
 ``--kill-after-first-write``, the kill comes once every file output (OUT's and
 ``--stateful-out``'s) has written the first batch with rows, before the batch is committed.
+``--join-in DIR`` (with ``--event-time-out``) reads clicks from DIR as a second file input
+and writes their full outer join with the input rows to DIR/join (``write_join_output``).
 """
 
 import argparse
@@ -63,6 +65,7 @@ def main() -> None:
     parser.add_argument("--jsonl-out")
     parser.add_argument("--stateful-out")
     parser.add_argument("--event-time-out")
+    parser.add_argument("--join-in")
     parser.add_argument("--master", default="local[2]")
     parser.add_argument("--wait-for-go", action="store_true")  # tests.helpers.DriverProcess(warm=True)
     args = parser.parse_args()
@@ -113,6 +116,8 @@ def main() -> None:
         totals.foreach_batch(writer(args.stateful_out), name="totals-out")
     if args.event_time_out:
         write_event_time_outputs(events, Path(args.event_time_out))
+        if args.join_in:
+            write_join_output(ssc, events, args.join_in, Path(args.event_time_out))
     print("started", flush=True)
     ssc.start()
     ssc.await_termination()
@@ -130,6 +135,25 @@ def write_event_time_outputs(events, out):
     windows.write_files(str(out / "windows"), "json", name="windows-out")
     firsts = timed.with_column("d", F.col("n") % 400).drop_duplicates("d", name="dedup", num_partitions=2)
     firsts.write_files(str(out / "dedup"), "json", name="dedup-out")
+
+
+CLICKS = StructType([StructField("cid", StringType(), False), StructField("k", IntegerType(), False),
+                     StructField("m", IntegerType(), False)])
+
+
+def write_join_output(ssc, events, clicks_in, out):
+    """The input rows (event time ``n`` s, key ``n``) full-outer-joined with the clicks of
+    ``clicks_in`` (event time ``m`` s, key ``k``) within 10 s after the row, both with a 5 s
+    watermark, to ``out/join`` as ids ``j<id>-<cid>`` (``-`` for a side without a match)."""
+    rows = events.with_column("ts", F.timestamp_seconds("n")).with_column("k", F.col("n")) \
+        .with_watermark("ts", "5 seconds")
+    clicks = ssc.file_stream(clicks_in, "json", CLICKS, settle=0, max_files_per_batch=1) \
+        .with_column("cts", F.timestamp_seconds("m")).with_watermark("cts", "5 seconds")
+    joined = rows.join(clicks, "k", how="full", within=("ts", "cts", "0 seconds", "10 seconds"), name="join",
+                       num_partitions=2)
+    ids = joined.select(F.concat(F.lit("j"), F.coalesce("id", F.lit("-")), F.lit("-"),
+                                 F.coalesce("cid", F.lit("-"))).alias("id"))
+    ids.write_files(str(out / "join"), "json", name="join-out")
 
 
 def jsonl_sink():

@@ -44,6 +44,7 @@ RUNS_IN_FOLDER_OF = {"Troubleshooting / Reading write_files output back": "A fir
 PRINTS = {
     "Troubleshooting / Reading write_files output back": ["ann"],
     "Testing your pipelines": ["all passed"],
+    "Joining two streams": ["ad1 True", "ad2 False", "ad3 False"],
     "Dashboard, metrics and progress": ["dashboard: http://127.0.0.1:", "batchline_batches_total"],
 }
 """What a block's output must contain, beyond exiting cleanly."""
