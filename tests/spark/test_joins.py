@@ -1,6 +1,7 @@
 """Stream-stream joins end to end on a manual clock: the basics (Spark's own cases are ported in
 test_spark_join_port.py)."""
 
+import pytest
 from pyspark.sql import functions as F
 
 from batchline.testing import BatchHarness
@@ -39,3 +40,123 @@ def test_left_outer_within(spark, tmp_path):
         assert sorted((r["key"], r["lv"], r["rv"]) for r in out) == [(2, 200, None)], out
     finally:
         h.stop()
+
+
+def timed(stream, time, delay="10 seconds"):
+    """Rows ``(k, t, v)`` keyed ``key`` with event time ``t`` seconds in column ``time``."""
+    return (stream.select(F.col("k").alias("key"), F.timestamp_seconds("t").alias(time), F.col("v").alias(time + "_v"))
+            .with_watermark(time, delay))
+
+
+def held(spark, checkpoint):
+    """How many rows of each side the join's state holds (``read_state``)."""
+    from batchline.state import read_state
+
+    rows = read_state(spark, checkpoint, "join").collect()
+    return sum(len(r["left"]) for r in rows), sum(len(r["right"]) for r in rows)
+
+
+def test_state_holds_only_rows_that_can_still_match(spark, tmp_path):
+    """After the watermark passes, each side's state holds only the rows that a row still to
+    come could meet: left rows whose time plus the upper bound lies after the watermark, right
+    rows whose time minus the lower bound does. Read back with ``read_state``."""
+    checkpoint = str(tmp_path / "c")
+
+    def build(a, b):
+        return timed(a, "lt").join(timed(b, "rt"), "key", within=("lt", "rt", "-5 seconds", "20 seconds"))
+
+    h = BatchHarness(spark, build, ["k long, t long, v long"] * 2, checkpoint=checkpoint).start()
+    try:
+        h.batch([(k, k, k) for k in range(0, 100, 2)], [(k, k + 1, k) for k in range(1, 100, 2)])
+        assert held(spark, checkpoint) == (50, 50)
+        # Newest event time 100 s on both sides: the watermark becomes 90 s.
+        assert h.batch([(1000, 100, 0)], [(1001, 100, 0)]) == []
+        h.batch()
+        left, right = held(spark, checkpoint)
+        # Left rows go once t + 20 s + 1 ms <= 90 s, right rows once t + 5 s + 1 ms <= 90 s (lower is -5 s).
+        assert left == len([k for k in range(0, 100, 2) if k > 69]) + 1
+        assert right == len([k for k in range(1, 100, 2) if k + 1 > 84]) + 1
+        assert h.info().state_operators["join"].state_keys == left + right
+    finally:
+        h.stop()
+
+
+def test_pairs_across_batches_and_restart_once_each(spark, tmp_path):
+    """A pair is emitted in the batch where its second row arrives, whichever side that is,
+    also after a restart from the checkpoint; never again."""
+    checkpoint = str(tmp_path / "c")
+
+    def build(a, b):
+        return timed(a, "lt").join(timed(b, "rt"), "key", within=("lt", "rt", "0 seconds", "30 seconds"))
+
+    def pairs(rows):
+        return sorted((r["key"], r["lt_v"], r["rt_v"]) for r in rows)
+
+    schemas = ["k long, t long, v long"] * 2
+    h = BatchHarness(spark, build, schemas, checkpoint=checkpoint).start()
+    try:
+        assert pairs(h.batch([(1, 10, 1)], [(2, 12, 20)])) == []
+        assert pairs(h.batch([(2, 11, 2)], [(1, 15, 10), (1, 50, 11)])) == [(1, 1, 10), (2, 2, 20)]
+    finally:
+        h.stop()
+    h = BatchHarness(spark, build, schemas, checkpoint=checkpoint, start_ms=h.batch_time).start()
+    try:
+        assert pairs(h.batch([(1, 20, 3)], [(1, 25, 12)])) == [(1, 1, 12), (1, 3, 11), (1, 3, 12)]
+        assert pairs(h.batch()) == []
+    finally:
+        h.stop()
+
+
+def test_full_and_semi_joins_and_the_late_stream(spark, tmp_path):
+    """A full outer join emits each row that never met one, once, when the watermark passes
+    it; a left semi join each left row with a match, once; rows behind the watermark are late,
+    counted and on ``late_rows``."""
+    def build(a, b):
+        joined = timed(a, "lt").join(timed(b, "rt"), "key", how="full", within=("lt", "rt", "0 seconds", "5 seconds"))
+        joined.late_rows.foreach_batch(lambda df, _: late.extend(df.collect()), name="late")
+        return joined
+
+    late = []
+    h = BatchHarness(spark, build, ["k long, t long, v long"] * 2, checkpoint=str(tmp_path / "c")).start()
+    try:
+        out = h.batch([(1, 10, 1), (2, 10, 2)], [(1, 12, 10), (3, 11, 30)])
+        assert sorted((r["key"], r["lt_v"], r["rt_v"]) for r in out) == [(1, 1, 10)]
+        out = h.batch([(9, 100, 9)], [(9, 100, 90), (4, 5, 40)])  # watermark 90 s next
+        assert sorted((r["key"], r["lt_v"], r["rt_v"]) for r in out) == [(9, 9, 90)]
+        out = h.batch([(5, 20, 5)], [])  # late: 20 s <= 90 s
+        assert sorted((r["key"], r["lt_v"], r["rt_v"]) for r in out) == [(2, 2, None), (3, None, 30), (4, None, 40)]
+        assert h.info().state_operators["join"].late_rows == 1
+    finally:
+        h.stop()
+    assert [(r["side"], r["key"], r["left"]["lt_v"], r["right"]) for r in late] == [("left", 5, 5, None)]
+
+    def semi(a, b):
+        return timed(a, "lt").join(timed(b, "rt"), "key", how="left_semi",
+                                   within=("lt", "rt", "0 seconds", "5 seconds"))
+
+    h = BatchHarness(spark, semi, ["k long, t long, v long"] * 2, checkpoint=str(tmp_path / "s")).start()
+    try:
+        out = h.batch([(1, 10, 1), (2, 10, 2)], [(1, 12, 10)])
+        assert [(r["key"], r["lt_v"]) for r in out] == [(1, 1)] and "rt_v" not in out[0]
+        assert h.batch([], [(1, 13, 11), (2, 11, 20)]) == [{"key": 2, "lt": out[0]["lt"], "lt_v": 2}]
+    finally:
+        h.stop()
+
+
+def test_definitions_refused_with_what_to_add(spark, tmp_path):
+    from batchline import StreamingContext
+    from batchline.errors import ConfigurationError
+
+    ssc = StreamingContext(spark, 1, checkpoint=str(tmp_path / "c"))
+    a = ssc.queue_stream([], schema="k long, t timestamp")
+    b = ssc.queue_stream([], schema="k long, t2 timestamp")
+    with pytest.raises(ConfigurationError, match="needs within="):
+        a.join(b, "k", how="left")
+    with pytest.raises(ConfigurationError, match="watermark on the right stream"):
+        a.with_watermark("t", "1 minute").join(b, "k", how="left", within=("t", "t2", 0, 60))
+    with pytest.raises(ConfigurationError, match="compares the left stream's 'x'"):
+        a.with_watermark("t", "1 minute").join(b, "k", within=("x", "t2", 0, 60))
+    with pytest.raises(ConfigurationError, match="how must be one of"):
+        a.join(b, "k", how="outer")
+    with pytest.raises(ConfigurationError, match="lower bound"):
+        a.join(b, "k", within=("t", "t2", "1 minute", "-1 minute"))
