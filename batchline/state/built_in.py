@@ -27,7 +27,7 @@ class BuiltInNode(StatefulNode):
     stream's rows). ``derive`` gives its state function, state and output schemas."""
 
     resolved = False
-    rows_column = ROWS
+    rows_column: str | None = ROWS
 
     def __init__(self, partials: StreamNode, key_names: tuple[str, ...], *, timeout: GroupStateTimeout, name: str,
                  num_partitions: int | None) -> None:
