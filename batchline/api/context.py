@@ -58,9 +58,13 @@ class StreamingContext(InputMethods):
     100) are also kept at the checkpoint location for ``batchline status``. ``metrics_port``
     serves Prometheus metrics at ``/metrics`` and ``dashboard_port`` a live dashboard (0: any
     free port; both off by default, both on 127.0.0.1 unless ``metrics_host`` /
-    ``dashboard_host`` say otherwise; under ``batchline run`` both default to on, and ``None``
-    turns them off). ``name`` names the pipeline there (default: the Spark
-    application's name). With a checkpoint location, ``batchline stop LOCATION`` from any
+    ``dashboard_host`` say otherwise; under ``batchline run`` both default to on, on its
+    ``--host``, and ``None`` turns them off). Bound to any address but loopback, each requires an access token: the
+    one given as ``access_token`` (which is then required on loopback too), else one made at
+    start, the same for both, that the start line shows in the address to open and
+    ``access_token`` (the property) tells. Requests carry it as ``Authorization: Bearer TOKEN``
+    or ``?token=TOKEN``; those without get 401. ``name`` names the pipeline there (default:
+    the Spark application's name). With a checkpoint location, ``batchline stop LOCATION`` from any
     terminal stops the pipeline; it looks for the request every batch interval (at most 2 s).
 
     What it logs (logger ``batchline``): at ``start()`` one INFO line saying what runs and
@@ -106,12 +110,13 @@ class StreamingContext(InputMethods):
         max_batches_ahead: int | None = None,
         name: str | None = None,
         metrics_port: int | None | FromLaunch = FROM_LAUNCH,
-        metrics_host: str = "127.0.0.1",
+        metrics_host: str | FromLaunch = FROM_LAUNCH,
         dashboard_port: int | None | FromLaunch = FROM_LAUNCH,
-        dashboard_host: str = "127.0.0.1",
+        dashboard_host: str | FromLaunch = FROM_LAUNCH,
         progress_records: int = DEFAULT_RECENT_PROGRESS,
         keep_workers_warm: bool = True,
         log_batches: bool = True,
+        access_token: str | None | FromLaunch = FROM_LAUNCH,
     ) -> None:
         self.spark = spark
         self.settings = ContextSettings.of(
@@ -120,7 +125,7 @@ class StreamingContext(InputMethods):
             checkpoint_storage_options=checkpoint_storage_options, lease_ttl=lease_ttl, retry=retry,
             max_batches_ahead=max_batches_ahead, metrics_port=metrics_port, metrics_host=metrics_host,
             dashboard_port=dashboard_port, dashboard_host=dashboard_host, progress_records=progress_records,
-            keep_workers_warm=keep_workers_warm, log_batches=log_batches)
+            keep_workers_warm=keep_workers_warm, log_batches=log_batches, access_token=access_token)
         self.batch_interval_ms = self.settings.batch_interval_ms
         self.clock = clock or SystemClock()
         self.graph = StreamGraph(self.batch_interval_ms,
@@ -184,6 +189,12 @@ class StreamingContext(InputMethods):
     def dashboard_url(self) -> str | None:
         """The live dashboard's address (None without ``dashboard_port`` or before start)."""
         return self._run.observers.dashboard_url
+
+    @property
+    def access_token(self) -> str | None:
+        """The token the dashboard and the metrics require (the one given, or the one made at
+        start for those bound off loopback); None when neither requires one or before start."""
+        return self._run.observers.access_token
 
     # ---------------------------------------------------------------- the running pipeline
     @property

@@ -4,7 +4,8 @@ creates pick these up, so the script itself needs no change to run under the com
 - ``py_files``: a zip of the pipeline's folder, added to every SparkContext a context starts
   on (``addPyFile``), so that a state function imported from a module beside the script is
   found by the executors' Python workers as it is by the driver.
-- ``dashboard_port`` / ``metrics_port``: the defaults of contexts that do not set their own.
+- ``dashboard_port`` / ``metrics_port``: the defaults of contexts that do not set their own;
+  ``host`` (the address both bind to) and ``access_token`` likewise.
 """
 
 from __future__ import annotations
@@ -25,6 +26,9 @@ class LaunchDefaults:
     py_files: tuple[str, ...] = ()
     dashboard_port: int | None = None
     metrics_port: int | None = None
+    host: str | None = None
+    """None: loopback (127.0.0.1)."""
+    access_token: str | None = None
 
 
 _defaults = LaunchDefaults()

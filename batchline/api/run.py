@@ -177,10 +177,7 @@ class PipelineRun:
     def _start_line(self) -> str:
         parts = [f"Pipeline {self.name} started, batches every {self.settings.batch_interval_ms} ms",
                  self._where]
-        if self.observers.dashboard_url:
-            parts.append(f"dashboard {self.observers.dashboard_url}")
-        if self.observers.metrics_url:
-            parts.append(f"metrics {self.observers.metrics_url}")
+        parts.extend(self.observers.addresses())
         return "; ".join(parts)
 
     def _start_refused(self, error: BaseException) -> None:

@@ -17,10 +17,12 @@ from batchline.scheduler.retry import RetryPolicy
 __all__ = ["ContextSettings", "FROM_LAUNCH", "FromLaunch", "GRACEFUL_STOP_TIMEOUT_INTERVALS"]
 
 GRACEFUL_STOP_TIMEOUT_INTERVALS = 10
+LOOPBACK = "127.0.0.1"
 
 
 class FromLaunch:
-    """A port left out: what ``batchline run`` set (``batchline.api.launch``), else off."""
+    """A port, host or access token left out: what ``batchline run`` set (``batchline.api.launch``),
+    else the default (ports off, hosts on loopback, no token given)."""
 
     def __repr__(self) -> str:
         return "FROM_LAUNCH"
@@ -47,9 +49,10 @@ class ContextSettings:
     def of(cls, batch_interval: object, *, concurrent_jobs: int, graceful_stop_timeout: object | None,
            checkpoint: str | None, checkpoint_interval: object | None, keep_checkpoints: int,
            checkpoint_storage_options: dict[str, Any] | None, lease_ttl: object, retry: RetryPolicy | None,
-           max_batches_ahead: int | None, metrics_port: int | None | FromLaunch, metrics_host: str,
-           dashboard_port: int | None | FromLaunch, dashboard_host: str, progress_records: int,
-           keep_workers_warm: bool, log_batches: bool = True) -> ContextSettings:
+           max_batches_ahead: int | None, metrics_port: int | None | FromLaunch, metrics_host: str | FromLaunch,
+           dashboard_port: int | None | FromLaunch, dashboard_host: str | FromLaunch, progress_records: int,
+           keep_workers_warm: bool, log_batches: bool = True,
+           access_token: str | None | FromLaunch = FROM_LAUNCH) -> ContextSettings:
         """The settings of ``StreamingContext(...)``'s arguments (documented there), or a
         ``ConfigurationError`` naming the argument and what to pass."""
         batch_interval_ms = parse_duration_ms(batch_interval, "batch interval")
@@ -70,9 +73,12 @@ class ContextSettings:
                                             checkpoint_storage_options, lease_ttl),
             max_batches_ahead=_max_batches_ahead(max_batches_ahead, concurrent_jobs),
             observe=ObserveSettings(
-                launch.metrics_port if isinstance(metrics_port, FromLaunch) else metrics_port, metrics_host,
+                launch.metrics_port if isinstance(metrics_port, FromLaunch) else metrics_port,
+                (launch.host or LOOPBACK) if isinstance(metrics_host, FromLaunch) else metrics_host,
                 launch.dashboard_port if isinstance(dashboard_port, FromLaunch) else dashboard_port,
-                dashboard_host, progress_records),
+                (launch.host or LOOPBACK) if isinstance(dashboard_host, FromLaunch) else dashboard_host,
+                progress_records,
+                launch.access_token if isinstance(access_token, FromLaunch) else access_token),
             keep_workers_warm=keep_workers_warm,
             log_batches=log_batches,
         )

@@ -9,11 +9,15 @@ in the package, so it works with no network.
 The server binds exactly to ``host`` (loopback by default: not reachable from other hosts unless
 ``host`` says so). Bound to loopback it also answers only requests addressed to a loopback name
 (the ``Host`` header), so a web page of another site cannot read it through DNS rebinding.
+
+Bound to any other address it answers only requests that carry its access token (the one given,
+else one made at start), every path alike, and 401 otherwise (``batchline.observe.access``). A
+page opened with ``?token=`` gets the token back as an HttpOnly, same-site cookie, which the
+browser then sends with the page's script, style sheet and snapshot fetches.
 """
 
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import socket
@@ -25,6 +29,15 @@ from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
+from batchline.observe.access import (
+    cookie_name,
+    is_loopback,
+    query_token,
+    required_token,
+    token_admits,
+    unauthorized_message,
+    with_token,
+)
 from batchline.observe.addresses import http_url
 
 __all__ = ["DashboardServer"]
@@ -69,15 +82,6 @@ def _static_files() -> dict[str, bytes]:
     return files
 
 
-def _is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:
-        return False
-
-
 def _host_name(header: str) -> str:
     """The host name of a ``Host`` header (without the port; IPv6 without its brackets)."""
     header = header.strip().lower()
@@ -106,6 +110,8 @@ class _Handler(BaseHTTPRequestHandler):
     sys_version = ""
     timeout = 30
     """Seconds a connection may idle before the server drops it."""
+    _cookie: str | None = None
+    """The ``Set-Cookie`` value of the answer being sent (a page opened with ``?token=``)."""
 
     def do_GET(self) -> None:  # noqa: N802 (the name http.server calls)
         self._answer(body=True)
@@ -115,10 +121,19 @@ class _Handler(BaseHTTPRequestHandler):
 
     def _answer(self, body: bool) -> None:
         dashboard = self.server.dashboard
+        self._cookie = None
         if not dashboard.host_allowed(self.headers.get("Host")):
             self._send(HTTPStatus.FORBIDDEN, b"forbidden\n", "text/plain; charset=utf-8", body)
             return
-        path = urlsplit(self.path).path
+        target = urlsplit(self.path)
+        if not dashboard.admits(self.headers.get("Authorization"), target.query, self.headers.get("Cookie")):
+            self._send(HTTPStatus.UNAUTHORIZED, unauthorized_message("dashboard", dashboard.url).encode(),
+                       "text/plain; charset=utf-8", body, {"WWW-Authenticate": 'Bearer realm="batchline"'})
+            return
+        if dashboard.token is not None and query_token(target.query, dashboard.token):
+            # The page's own requests (script, style sheet, snapshot) carry no query: the cookie carries the token.
+            self._cookie = (f"{cookie_name(dashboard.port)}={dashboard.token}; Path=/; HttpOnly; SameSite=Strict")
+        path = target.path
         if path in ("/", "/index.html"):
             self._static("index.html", body)
         elif path.startswith("/static/"):
@@ -157,6 +172,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Referrer-Policy", "no-referrer")
         for name, value in (extra or {}).items():
             self.send_header(name, value)
+        if self._cookie is not None:
+            self.send_header("Set-Cookie", self._cookie)
         self.end_headers()
         if body:
             self.wfile.write(content)
@@ -172,11 +189,17 @@ class DashboardServer:
     page polls it every second), and must return JSON types: ``{"status": {...}, "progress":
     [BatchProgress.to_json(), ...]}``. When it raises, the request is answered with 500 and the
     error, and the server goes on. ``port=0`` takes any free port; ``port`` tells which.
+
+    ``token`` is the access token every request must carry; without one, a server bound off
+    loopback makes one (``token`` tells which, ``open_url`` is the address with it) and a server
+    on loopback requires none.
     """
 
-    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(self, snapshot: Callable[[], dict[str, Any]], host: str = "127.0.0.1", port: int = 0,
+                 token: str | None = None) -> None:
         self.snapshot = snapshot
         self.host = host
+        self.token: str | None = required_token(host, token)
         self._requested_port = port
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
@@ -231,10 +254,20 @@ class DashboardServer:
     def url(self) -> str:
         return http_url(self.host, self.port)
 
+    @property
+    def open_url(self) -> str:
+        """The address to open in a browser: ``url``, with ``?token=`` when a token is required."""
+        return with_token(self.url, self.token)
+
+    def admits(self, authorization: str | None, query: str, cookie_header: str | None) -> bool:
+        """Whether a request with these ``Authorization`` and ``Cookie`` headers and this query
+        string carries the token (any request does when none is required)."""
+        return token_admits(self.token, authorization, query, cookie_header, cookie_name(self.port))
+
     def host_allowed(self, header: str | None) -> bool:
         """Whether a request's ``Host`` header may reach a server bound to ``host``: any, unless
         bound to loopback, where only loopback names (against DNS rebinding)."""
-        if header is None or not _is_loopback(self.host):
+        if header is None or not is_loopback(self.host):
             return True
         name = _host_name(header)
-        return name in LOOPBACK_NAMES or name == self.host.lower() or _is_loopback(name)
+        return name in LOOPBACK_NAMES or name == self.host.lower() or is_loopback(name)

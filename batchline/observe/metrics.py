@@ -17,16 +17,25 @@ What a record feeds:
   after it was written).
 
 Progress durations are in milliseconds and times in epoch milliseconds; metrics are in seconds.
+
+The endpoint bound off loopback (or given a token) answers only requests that carry the access
+token (``batchline.observe.access``): a Prometheus scrape config passes it as
+``authorization: {credentials: TOKEN}``, a browser as ``?token=TOKEN``.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
 import threading
-from wsgiref.simple_server import WSGIServer
+from collections.abc import Callable, Iterable
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
+from batchline.observe.access import required_token, token_admits, unauthorized_message, with_token
 from batchline.observe.addresses import http_url
 from batchline.scheduler.progress import COMPLETED, BatchProgress
 
@@ -45,6 +54,33 @@ def _seconds(ms: int | float) -> float:
     return ms / 1000.0
 
 
+_WsgiApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
+
+
+def _guarded(app: _WsgiApp, token: str | None, url: Callable[[], str | None]) -> _WsgiApp:
+    """``app`` answering only requests that carry ``token`` (all of them when it is None)."""
+    if token is None:
+        return app
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        if token_admits(token, environ.get("HTTP_AUTHORIZATION"), environ.get("QUERY_STRING", "")):
+            return app(environ, start_response)
+        body = unauthorized_message("metrics endpoint", url() or "this address").encode()
+        start_response("401 Unauthorized", [("Content-Type", "text/plain; charset=utf-8"),
+                                            ("Content-Length", str(len(body))),
+                                            ("WWW-Authenticate", 'Bearer realm="batchline"')])
+        return [body]
+
+    return guarded
+
+
+class _QuietHandler(WSGIRequestHandler):
+    """Requests to the debug log, not to stderr (wsgiref's default)."""
+
+    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (wsgiref's name)
+        logger.debug("metrics %s: " + format, self.address_string(), *args)
+
+
 class PipelineMetrics:
     """The Prometheus metrics of the pipeline named ``pipeline``, in a registry of their own.
 
@@ -61,6 +97,7 @@ class PipelineMetrics:
         self._thread: threading.Thread | None = None
         self._host: str | None = None
         self._port: int | None = None
+        self._token: str | None = None
         registry = self.registry
 
         self.pipeline_info = Gauge("batchline_pipeline_info", "The pipeline these metrics describe (always 1).",
@@ -207,15 +244,29 @@ class PipelineMetrics:
         return generate_latest(self.registry).decode()
 
     # ---------------------------------------------------------------- HTTP
-    def start_server(self, port: int, host: str = "127.0.0.1") -> None:
+    def start_server(self, port: int, host: str = "127.0.0.1", token: str | None = None) -> None:
         """Serve ``/metrics`` on ``host:port`` from a daemon thread (port 0 picks a free port;
-        :attr:`url` tells which)."""
+        :attr:`url` tells which). Requests must carry ``token``; without one, a server bound off
+        loopback makes one (:attr:`token` tells which) and one on loopback requires none."""
         with self._server_lock:
             if self._server is not None:
                 raise RuntimeError(f"The metrics of pipeline {self.pipeline!r} are already served at {self.url}")
-            server, thread = start_http_server(port, addr=host, registry=self.registry)
+            required = required_token(host, token)
+
+            # As prometheus_client's start_http_server: the socket's family is the host's (IPv6 needs its own).
+            family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM,
+                                                          flags=socket.AI_PASSIVE)[0]
+
+            class Server(ThreadingWSGIServer):
+                address_family = family
+
+            app = _guarded(make_wsgi_app(self.registry), required, lambda: self.url)
+            server = make_server(str(address[0]), port, app, Server, handler_class=_QuietHandler)
+            thread = threading.Thread(target=server.serve_forever, name=f"batchline-metrics-{self.pipeline}",
+                                      daemon=True)
+            thread.start()
             self._server, self._thread = server, thread
-            self._host, self._port = host, int(server.server_port)
+            self._host, self._port, self._token = host, int(server.server_port), required
         logger.debug("Serving the metrics of pipeline %r at %s", self.pipeline, self.url)
 
     def stop_server(self) -> None:
@@ -223,7 +274,7 @@ class PipelineMetrics:
         with self._server_lock:
             server, thread = self._server, self._thread
             self._server = self._thread = None
-            self._host = self._port = None
+            self._host = self._port = self._token = None
         if server is None:
             return
         server.shutdown()
@@ -244,3 +295,14 @@ class PipelineMetrics:
         if host is None or port is None:
             return None
         return http_url(host, port, "/metrics")
+
+    @property
+    def token(self) -> str | None:
+        """The access token requests must carry, or None when the endpoint requires none."""
+        return self._token
+
+    @property
+    def open_url(self) -> str | None:
+        """:attr:`url`, with ``?token=`` when a token is required."""
+        url = self.url
+        return with_token(url, self._token) if url is not None else None

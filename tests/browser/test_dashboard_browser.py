@@ -11,8 +11,10 @@ import shutil
 from selenium.webdriver.common.by import By
 
 from batchline import StreamingContext
+from batchline.observe.dashboard import DashboardServer
 from batchline.state import GroupStateTimeout
 from tests.helpers import Count, session_fn, wait_for
+from tests.unit.test_dashboard_server import make_snapshot
 
 
 def _rows(browser) -> list[int]:
@@ -57,3 +59,28 @@ def test_the_dashboard_shows_the_batches_live_in_a_real_browser(spark, chromium,
             shutil.copy(shot, target)
     finally:
         ssc.stop()
+
+
+def test_bound_off_loopback_the_dashboard_opened_with_its_token_renders_and_keeps_polling(chromium):
+    """The page's script, style sheet and snapshot fetches carry no token of their own: the
+    cookie the page got when opened with ``?token=`` lets them in, poll after poll."""
+    full = make_snapshot(8)
+    served: list[int] = []
+
+    def growing() -> dict:
+        served.append(1)
+        return {"status": full["status"], "progress": full["progress"][: min(len(served) + 2, 8)]}
+
+    with DashboardServer(growing, host="0.0.0.0") as server:
+        assert server.token is not None
+        local = f"http://127.0.0.1:{server.port}/"
+        chromium.get(local)  # no token: refused, and the answer says how to pass one
+        assert "needs its access token" in chromium.find_element(By.TAG_NAME, "body").text
+        assert not served
+
+        chromium.get(f"{local}?token={server.token}")
+        first = _wait(lambda: len(rows := _rows(chromium)) >= 3 and rows, 30, "three batches on the page")
+        later = _wait(lambda: len(rows := _rows(chromium)) >= 8 and rows, 30, "the polled batches to grow")
+        assert later[0] > first[0] and len(served) >= 6
+        assert chromium.find_element(By.ID, "pipeline-state").get_attribute("data-state") == "active"
+        assert chromium.find_elements(By.CSS_SELECTOR, "#timeline svg")  # the script ran: it draws the charts

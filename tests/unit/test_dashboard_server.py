@@ -13,6 +13,7 @@ import urllib.request
 
 import pytest
 
+from batchline.errors import ConfigurationError
 from batchline.observe.dashboard import DashboardServer
 from batchline.scheduler.progress import (
     BatchProgress,
@@ -319,3 +320,148 @@ def test_stop_is_idempotent_and_closes_the_port(snapshot):
 def test_port_before_start_is_an_error(snapshot):
     with pytest.raises(RuntimeError):
         _ = DashboardServer(lambda: snapshot).port
+
+
+# ---------------------------------------------------------------------- the access token
+ALL_PATHS = ["/", "/index.html", "/static/dashboard.js", "/static/dashboard.css", "/api/snapshot",
+             "/api/snapshot?t=1", "/nope"]
+GIVEN = "given-token-0123456789abcdef"
+
+
+@pytest.fixture
+def open_server(snapshot):
+    """Bound to every interface: other machines can reach it, so it requires a token (requests
+    go through 127.0.0.1, the check is on the address it is bound to)."""
+    with DashboardServer(lambda: snapshot, host="0.0.0.0") as dashboard:
+        yield dashboard
+
+
+def local(server: DashboardServer, path: str) -> str:
+    return f"http://127.0.0.1:{server.port}{path}"
+
+
+def test_off_loopback_a_token_is_made_and_shown_in_the_address_to_open(open_server):
+    token = open_server.token
+    assert token is not None and len(token) >= 32 and re.fullmatch(r"[A-Za-z0-9_-]+", token)
+    assert open_server.open_url == f"http://127.0.0.1:{open_server.port}/?token={token}"
+    with DashboardServer(dict, host="0.0.0.0") as other:
+        assert other.token is not None and other.token != token
+
+
+@pytest.mark.parametrize("path", ALL_PATHS)
+def test_off_loopback_every_path_without_the_token_is_401(open_server, path):
+    status, headers, body = get(local(open_server, path))
+    assert status == 401
+    assert headers["WWW-Authenticate"] == 'Bearer realm="batchline"'
+    assert headers.get("Set-Cookie") is None
+    text = body.decode()
+    assert "Authorization: Bearer TOKEN" in text and "?token=TOKEN" in text and "start log line" in text
+    assert open_server.token not in text
+    assert raw_get(open_server, path) == 401
+
+
+@pytest.mark.parametrize("path", ["/", "/static/dashboard.js", "/api/snapshot"])
+def test_off_loopback_a_bearer_token_is_let_in(open_server, snapshot, path):
+    status, headers, body = get(local(open_server, path), {"Authorization": f"Bearer {open_server.token}"})
+    assert status == 200
+    assert headers.get("Set-Cookie") is None  # a scraper needs no cookie
+    if path == "/api/snapshot":
+        assert json.loads(body) == json.loads(json.dumps(snapshot))
+    status, _, _ = get(local(open_server, path), {"Authorization": f"bearer  {open_server.token} "})
+    assert status == 200
+
+
+def test_off_loopback_a_query_token_is_let_in_and_the_page_gets_a_cookie_for_its_own_requests(open_server, snapshot):
+    token = open_server.token
+    status, headers, body = get(open_server.open_url.replace(open_server.url, local(open_server, "/")))
+    assert status == 200 and body == (STATIC / "index.html").read_bytes()
+    cookie = headers["Set-Cookie"]
+    name = f"batchline_token_{open_server.port}"
+    assert cookie.startswith(f"{name}={token};")
+    assert {part.strip() for part in cookie.split(";")[1:]} == {"Path=/", "HttpOnly", "SameSite=Strict"}
+    status, _, body = get(local(open_server, f"/api/snapshot?token={token}"))
+    assert status == 200 and json.loads(body)["status"]["name"] == "demo"
+    # What the browser then sends with the page's script, style sheet and snapshot fetches:
+    for path in ("/static/dashboard.js", "/static/dashboard.css", "/api/snapshot"):
+        status, headers, _ = get(local(open_server, path), {"Cookie": f"other=1; {name}={token}"})
+        assert status == 200, path
+        assert headers.get("Set-Cookie") is None
+
+
+@pytest.mark.parametrize("headers, query", [
+    ({"Authorization": "Bearer wrong-token-0123456789abcdef"}, ""),
+    ({"Authorization": "Bearer "}, ""),
+    ({"Authorization": "Basic {token}"}, ""),  # the right token under another scheme
+    ({"Authorization": "Bearer {token}x"}, ""),
+    ({}, "?token=wrong-token-0123456789abcdef"),
+    ({}, "?token="),
+    ({}, "?token={prefix}"),
+    ({"Cookie": "batchline_token_{port}=wrong"}, ""),
+    ({"Cookie": "batchline_token_1={token}"}, ""),  # another port's dashboard's cookie
+    ({"Cookie": "token={token}"}, ""),
+    ({"Cookie": 'batchline_token_{port}="\\'}, ""),  # malformed
+])
+def test_off_loopback_a_wrong_token_is_401(open_server, headers, query):
+    token, port = open_server.token, open_server.port
+    fill = {"token": token, "prefix": token[:-1], "port": port}
+    headers = {name: value.format(**fill) for name, value in headers.items()}
+    for path in ("/", "/api/snapshot"):
+        status, _, _ = get(local(open_server, path) + query.format(**fill), headers)
+        assert status == 401, (path, headers, query)
+
+
+def test_tokens_are_compared_in_constant_time(open_server, monkeypatch):
+    import batchline.observe.access as access
+
+    compared = []
+    real = access.hmac.compare_digest
+
+    def spy(a, b):
+        compared.append((a, b))
+        return real(a, b)
+
+    monkeypatch.setattr(access.hmac, "compare_digest", spy)
+    assert get(local(open_server, "/api/snapshot"), {"Authorization": "Bearer not-the-token-at-all"})[0] == 401
+    assert get(local(open_server, "/api/snapshot"), {"Authorization": f"Bearer {open_server.token}"})[0] == 200
+    assert (open_server.token.encode(), b"not-the-token-at-all") in compared
+    assert (open_server.token.encode(), open_server.token.encode()) in compared
+
+
+def test_on_the_machines_own_address_the_token_is_required(snapshot):
+    address = _non_loopback_address()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    with DashboardServer(lambda: snapshot, host=address) as server:
+        assert server.token is not None
+        assert server.url == f"http://{address}:{server.port}/"
+        assert get(f"{server.url}api/snapshot")[0] == 401
+        assert get(f"{server.url}api/snapshot", {"Authorization": f"Bearer {server.token}"})[0] == 200
+        assert get(server.open_url)[0] == 200
+
+
+def test_on_loopback_no_token_is_required_by_default(server):
+    assert server.token is None
+    assert server.open_url == server.url
+    for path in ALL_PATHS[:-1]:
+        status, headers, _ = get(local(server, path))
+        assert status == 200, path
+        assert headers.get("Set-Cookie") is None
+    # A token sent anyway changes nothing.
+    assert get(local(server, "/api/snapshot?token=whatever"), {"Authorization": "Bearer whatever"})[0] == 200
+
+
+def test_a_given_token_is_required_on_loopback_too(snapshot):
+    with DashboardServer(lambda: snapshot, token=GIVEN) as server:
+        assert server.token == GIVEN
+        assert get(f"{server.url}api/snapshot")[0] == 401
+        assert get(f"{server.url}api/snapshot", {"Authorization": f"Bearer {GIVEN}"})[0] == 200
+        assert get(f"{server.url}?token={GIVEN}")[0] == 200
+    with DashboardServer(lambda: snapshot, host="0.0.0.0", token=GIVEN) as server:
+        assert server.token == GIVEN
+        assert get(local(server, "/api/snapshot"), {"Authorization": f"Bearer {GIVEN}"})[0] == 200
+
+
+@pytest.mark.parametrize("token", ["short", "", "has space in it 0123456789", "semi;colon-0123456789abc", 12345])
+def test_an_unusable_token_is_refused_with_what_to_do(snapshot, token):
+    with pytest.raises(ConfigurationError, match=r"at least 16 characters.*secrets.token_urlsafe"):
+        DashboardServer(lambda: snapshot, token=token)  # type: ignore[arg-type]

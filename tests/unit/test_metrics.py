@@ -83,8 +83,8 @@ RECORDS = (
 COMPLETED_RECORDS = [r for r in RECORDS if r.status == COMPLETED]
 
 
-def scrape(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    with urllib.request.urlopen(url, timeout=10) as response:
+def scrape(url: str, headers: dict[str, str] | None = None) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as response:
         assert response.status == 200
         text = response.read().decode()
     samples: dict[tuple[str, frozenset[tuple[str, str]]], float] = {}
@@ -196,6 +196,52 @@ def test_serves_on_loopback_only_by_default(metrics):
     assert scrape(metrics.url)[("batchline_pipeline_info", frozenset({("pipeline", "orders-pipeline")}))] == 1
     with pytest.raises(RuntimeError, match="already served"):
         metrics.start_server(0)
+
+
+def refused(url: str, headers: dict[str, str] | None = None) -> str:
+    """The body of a 401 for ``url`` (fails on any other answer)."""
+    with pytest.raises(urllib.error.HTTPError) as raised:
+        urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10)
+    with raised.value as error:
+        assert error.code == 401, error.code
+        assert error.headers["WWW-Authenticate"] == 'Bearer realm="batchline"'
+        return error.read().decode()
+
+
+def test_off_loopback_scrapes_need_the_token(metrics):
+    metrics.observe(RECORDS[0])
+    metrics.start_server(0, "0.0.0.0")  # every interface; scraped through 127.0.0.1
+    token = metrics.token
+    assert token is not None and len(token) >= 32
+    assert metrics.url == f"http://127.0.0.1:{metrics.port}/metrics"
+    assert metrics.open_url == f"{metrics.url}?token={token}"
+    for path in ("/metrics", "/", "/metrics?name[]=batchline_pipeline_info", "/favicon.ico"):
+        body = refused(f"http://127.0.0.1:{metrics.port}{path}")
+        assert "Authorization: Bearer TOKEN" in body and "?token=TOKEN" in body and token not in body
+    # What Prometheus sends with `authorization: {credentials: TOKEN}`:
+    samples = scrape(metrics.url, {"Authorization": f"Bearer {token}"})
+    assert value(samples, "batchline_batches_total", status="completed") == 1
+    assert value(scrape(metrics.open_url), "batchline_pipeline_info", pipeline="orders-pipeline") == 1
+    for headers, query in (({"Authorization": "Bearer wrong-token-0123456789abcdef"}, ""),
+                           ({"Authorization": f"Basic {token}"}, ""),
+                           ({}, f"?token={token[:-1]}"),
+                           ({}, "?token="),
+                           ({"Cookie": f"batchline_token_{metrics.port}={token}"}, "")):  # the dashboard's way only
+        refused(metrics.url + query, headers)
+
+
+def test_on_loopback_a_token_is_required_only_when_given(metrics):
+    metrics.start_server(0)
+    assert metrics.token is None and metrics.open_url == metrics.url
+    scrape(metrics.url)
+    metrics.stop_server()
+    assert metrics.token is None
+    metrics.start_server(0, token="given-token-0123456789abcdef")
+    assert metrics.token == "given-token-0123456789abcdef"
+    refused(metrics.url)
+    refused(metrics.url, {"Authorization": "Bearer given-token-0123456789abcde"})
+    scrape(metrics.url, {"Authorization": "Bearer given-token-0123456789abcdef"})
+    scrape(f"{metrics.url}?token=given-token-0123456789abcdef")
 
 
 def test_two_pipelines_in_one_process_do_not_clash():
