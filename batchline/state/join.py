@@ -18,6 +18,8 @@ calls ``JoinRows`` per key with the key's new rows and its state: each side's bu
   with nulls for the other side, as it goes; so does every row at the inputs' end.
 - Without ``within`` the state is never dropped: an inner join says so at definition, an
   outer or semi join is refused.
+- A null key meets nothing (SQL's equality, no null-safe ``<=>``): an outer join emits such a
+  row at once, with nulls, where Spark waits for the watermark to pass it.
 """
 
 from __future__ import annotations

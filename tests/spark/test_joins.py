@@ -160,3 +160,54 @@ def test_definitions_refused_with_what_to_add(spark, tmp_path):
         a.join(b, "k", how="outer")
     with pytest.raises(ConfigurationError, match="lower bound"):
         a.join(b, "k", within=("t", "t2", "1 minute", "-1 minute"))
+
+
+def test_rescaled_state_still_meets_the_rows_to_come(spark, tmp_path):
+    """A join's state moved to more partitions (``rescale_state``) keeps every buffered row
+    of both sides: rows that come after the restart meet them."""
+    from batchline.state import rescale_state
+
+    checkpoint = str(tmp_path / "c")
+
+    def build(partitions):
+        def join(a, b):
+            return timed(a, "lt").join(timed(b, "rt"), "key", within=("lt", "rt", "-30 seconds", "30 seconds"),
+                                       num_partitions=partitions)
+        return join
+
+    schemas = ["k long, t long, v long"] * 2
+    h = BatchHarness(spark, build(2), schemas, checkpoint=checkpoint).start()
+    try:
+        assert h.batch([(k, 10, k) for k in range(20)], [(k, 10, -k) for k in range(20, 40)]) == []
+    finally:
+        h.stop()
+    before = held(spark, checkpoint)
+    assert rescale_state(spark, checkpoint, "join", 3).keys == 40
+    assert held(spark, checkpoint) == before == (20, 20)
+    h = BatchHarness(spark, build(3), schemas, checkpoint=checkpoint, start_ms=h.batch_time).start()
+    try:
+        out = h.batch([(k, 12, k) for k in range(20, 40)], [(k, 12, -k) for k in range(20)])
+        assert sorted((r["key"], r["lt_v"], r["rt_v"]) for r in out) == [(k, k, -k) for k in range(40)]
+    finally:
+        h.stop()
+
+
+def test_a_joined_stream_feeds_a_window(spark, tmp_path):
+    """The joined stream is a stream like any other: here counted per 10 s window of the left
+    time, emitted once the watermark passes the window."""
+    from batchline import aggregates as agg
+    from batchline import window
+
+    def build(a, b):
+        joined = timed(a, "lt").join(timed(b, "rt"), "key", within=("lt", "rt", "0 seconds", "5 seconds"))
+        return joined.group_by_key(window("lt", "10 seconds")).aggregate(agg.count(), output_mode="append",
+                                                                         name="per_window")
+
+    h = BatchHarness(spark, build, ["k long, t long, v long"] * 2, checkpoint=str(tmp_path / "c")).start()
+    try:
+        assert h.batch([(1, 1, 0), (2, 3, 0), (3, 12, 0)], [(1, 2, 0), (2, 4, 0), (3, 13, 0)]) == []
+        h.batch([(9, 60, 0)], [(9, 60, 0)])
+        out = h.batch()
+        assert sorted((r["window_start"].second, r["count"]) for r in out) == [(0, 2), (10, 1)]
+    finally:
+        h.stop()
