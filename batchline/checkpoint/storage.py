@@ -39,6 +39,9 @@ logger = logging.getLogger(__name__)
 class CorruptFileError(BatchlineError):
     """A stored file is torn or does not match its checksum."""
 
+    retryable = False
+    """A damaged file stays damaged: running the batch again reads the same bytes."""
+
 
 class TornFileError(CorruptFileError):
     """A stored file ends early: what a crash in the middle of writing it leaves (a flipped
@@ -46,6 +49,9 @@ class TornFileError(CorruptFileError):
 
 
 _MAGIC = b"BATCHLINE1"
+_LONGEST_HEADER = len(_MAGIC) + 1 + 64 + 1 + 20
+"""Magic, space, SHA-256 in hex, space, a length of up to 20 digits: a file longer than this
+without its header's newline was altered, not cut short."""
 
 
 class RawJson:
@@ -80,7 +86,8 @@ def unseal(data: bytes, what: str) -> dict[str, Any]:
     header, newline, body = data.partition(b"\n")
     parts = header.split(b" ")
     if len(parts) != 3 or parts[0] != _MAGIC or not newline:
-        if not newline and (_MAGIC.startswith(header) or header.startswith(_MAGIC + b" ")):
+        if not newline and len(data) <= _LONGEST_HEADER and (_MAGIC.startswith(header)
+                                                              or header.startswith(_MAGIC + b" ")):
             raise TornFileError(f"{what} is torn (it ends inside its header)")
         raise CorruptFileError(f"{what} is not a batchline file, or its header was altered")
     if not parts[2].isdigit() or len(body) > int(parts[2]):

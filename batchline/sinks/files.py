@@ -345,9 +345,20 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
             try:
                 record = storage.read_sealed(name)
             except CorruptFileError as error:
-                # Torn while being written (local disk): publishing had not begun, so the batch is written anew.
-                logger.warning("Ignoring the torn commit record of batch %d (%s); writing the batch again", time_ms,
-                               error)
+                target = self._storage.full_url(_target(time_ms))
+                if not self._storage.is_local and self._storage.exists(_target(time_ms)):
+                    # Publishing had begun, so the record was whole once; on an object store the
+                    # batch's files are copied one by one, and which of them are in place is unknown.
+                    raise SinkError(
+                        f"the commit record {storage.full_url(name)} of batch {time_ms} is damaged ({error}), and "
+                        f"{target} was published from it, perhaps in part. Delete {target} and "
+                        f"{storage.full_url(name)}, then start the pipeline again: it writes the batch anew"
+                    ) from error
+                # Torn while being written (publishing had not begun: the batch is written anew), or
+                # damaged after a local publish, which renamed the batch's directory into place whole.
+                logger.warning("Ignoring the damaged commit record %s of batch %d (%s): the batch is written again, "
+                               "unless %s is in place already (a local publish puts it there whole)",
+                               storage.full_url(name), time_ms, error, target)
                 storage.delete(name)
                 return None
             return {**record, "legacy": storage is self._storage}
