@@ -210,8 +210,9 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         time_ms = attempt.batch_time
         # Step 3
         if self._storage.exists(_target(time_ms)):
-            logger.warning("%s/%s exists without a commit record (written by an earlier release of batchline); "
-                           "leaving it as it is", self.path, _target(time_ms))
+            logger.warning("%s/%s exists without its commit record %s (written by an earlier release of batchline, "
+                           "or the record was lost after a local publish put the batch there whole); leaving it as "
+                           "it is", self.path, _target(time_ms), self._own.full_url(_record_name(time_ms)))
             self._drop_staging(time_ms)
             return
         # Step 4

@@ -331,6 +331,10 @@ class StateStore(abc.ABC):
         """Where a partition's files are, for messages."""
         return f"{self.location}/{STATE_DIR}/{self.operator}/g{generation}/p{partition:05d}"
 
+    def file_location(self, generation: int, partition: int, version: int, kind: str) -> str:
+        """Where one version file is (or would be), for messages."""
+        return f"{self.partition_location(generation, partition)}/{_file_name(version, kind)}"
+
     def purge(self, generation: int, partition: int, retain: int, committed_through: int | None = None) -> int:
         """Delete files no longer needed to load the newest ``retain`` versions: everything
         below the newest snapshot at or under the oldest retained version; and the outputs of
@@ -388,7 +392,8 @@ class StateStore(abc.ABC):
             if start is None or v > start:
                 if DELTA not in versions[v]:
                     raise StateVersionError(
-                        f"{self.describe_partition(partition)}: version {v} has no delta and no earlier snapshot "
+                        f"{self.describe_partition(partition)}: version {v} has no delta "
+                        f"({self.file_location(generation, partition, v, DELTA)} is missing) and no earlier snapshot "
                         f"covers it at {self.location}; the state files are incomplete. Restore the state "
                         "directory from a copy of the checkpoint"
                     )

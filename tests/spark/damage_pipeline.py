@@ -94,3 +94,4 @@ def output_rows(out: Path) -> dict[int, list[tuple[int, int]]]:
                 for r in pq.read_table(f).to_pylist()]
         batches[int(directory.name.split("=", 1)[1])] = sorted(rows)
     return batches
+
