@@ -68,8 +68,7 @@ class StorageFullError(CarriedError, OSError):
             f"no space left at {location} (writing {path}). Free space there, or give it more (or move the "
             "checkpoint to a larger location, copying it whole), then start the pipeline again: the batch was not "
             "committed, nothing half-written is kept, and it runs again", carry)
-        self.errno = errno.ENOSPC
-        self.strerror = "No space left on device"
+        self.errno = errno.ENOSPC  # without a strerror, so that str() stays the message above
 
 
 def _in_spark_task() -> bool:

@@ -4,7 +4,7 @@ file is left half-written for a restart to trust; once there is space again a re
 resumes, and the output equals an uninterrupted run's.
 
 On a real size-limited tmpfs where this machine lets the test mount one (as root), and always
-on ``meteredfile://`` (tests/spark/metered_fs.py), the fsspec file system that CI without
+on ``meteredfile://`` (tests/metered_fs.py), the fsspec file system that CI without
 root gets instead: the test never skips.
 """
 
@@ -23,8 +23,8 @@ from batchline.checkpoint.storage import StorageFullError, unseal
 from batchline.errors import BatchFailedError
 from batchline.scheduler.retry import RetryPolicy
 from batchline.state.store import decode_version_file
+from tests.metered_fs import metered_location
 from tests.spark.damage_pipeline import END_MS, START_MS, CountsRun, output_rows
-from tests.spark.metered_fs import metered_location
 
 FULL_AFTER = 15_000
 """Batches up to here commit; then the location is filled to a few pages below full."""

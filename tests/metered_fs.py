@@ -63,11 +63,11 @@ class MeteredFileSystem(LocalFileSystem):
         super().__init__(**kwargs)
         self.meter = meter
 
-    def _open(self, path: str, mode: str = "rb", block_size: Any = None, autocommit: bool = True,
-              cache_options: Any = None, **kwargs: Any) -> Any:
+    def _open(self, path: str, mode: str = "rb", block_size: Any = None, **kwargs: Any) -> Any:
         if "r" in mode and "+" not in mode:
-            return super()._open(path, mode, block_size, autocommit, cache_options, **kwargs)
-        return _MeteredFile(self._strip_protocol(path), mode, self.meter, fs=self, autocommit=autocommit)
+            return super()._open(path, mode, block_size, **kwargs)
+        return _MeteredFile(self._strip_protocol(path), mode, self.meter, fs=self,
+                            autocommit=kwargs.get("autocommit", True))
 
     def pipe_file(self, path: str, value: bytes, mode: str = "overwrite", **kwargs: Any) -> None:
         with self._open(path, "xb" if mode == "create" else "wb") as handle:
