@@ -185,8 +185,15 @@ class Lease:
             current = self.read()
             if self.token is not None and current is not None and current.holder == self.holder:
                 # Expired rather than deleted: the next holder's token must still be larger.
-                self._write(self.token, expires_at_ms=0)
-                logger.debug("Released checkpoint lease on %s", self._storage.url)
+                try:
+                    self._write(self.token, expires_at_ms=0)
+                except OSError as error:
+                    # A stop goes on (the location may be full): the lease lapses by itself.
+                    logger.warning("Could not release the checkpoint lease on %s (%s); it expires at %s, and a "
+                                   "start on this host takes it over as soon as this process has ended",
+                                   self._storage.url, error, format_batch_time(current.expires_at_ms))
+                else:
+                    logger.debug("Released checkpoint lease on %s", self._storage.url)
             self.token = None
 
     def _write(self, token: int, expires_at_ms: int | None = None) -> None:

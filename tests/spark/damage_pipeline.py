@@ -41,11 +41,12 @@ class CountsRun:
 
     def __init__(self, spark: Any, root: Path, start_ms: int, crash_at: int | None = None,
                  retry: RetryPolicy | None = None, checkpoint: str | None = None,
-                 storage_options: dict[str, Any] | None = None) -> None:
+                 storage_options: dict[str, Any] | None = None, lease_ttl: str = "15s") -> None:
         self.clock = ManualClock(start_ms)
         self.ssc = StreamingContext(spark, "1s", clock=self.clock, checkpoint=checkpoint or str(root / "checkpoint"),
                                     checkpoint_interval="2s", checkpoint_storage_options=storage_options,
-                                    retry=retry or RetryPolicy.never(), metrics_port=None, dashboard_port=None)
+                                    retry=retry or RetryPolicy.never(), lease_ttl=lease_ttl, metrics_port=None,
+                                    dashboard_port=None)
         self.recorder = BatchRecorder()
         self.ssc.add_listener(self.recorder)
         events = self.ssc.generator_stream(rate=10, users=5, seed=11, max_records_per_batch=15, name="events")

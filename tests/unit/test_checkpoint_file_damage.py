@@ -154,3 +154,18 @@ def test_the_out_of_space_error_travels_from_a_task_and_is_retried():
     found = carried_error_in(RuntimeError(f"An exception was thrown from the Python worker: {error}"))
     assert isinstance(found, StorageFullError) and found.path.endswith("1.delta.arrow")
     assert "<<batchline-error" not in str(found)
+
+
+def test_a_stop_on_a_full_location_goes_on_and_the_lease_lapses_by_itself(tmp_path, caplog):
+    url, options = metered_location(str(tmp_path / "small"), 4096)
+    storage = CheckpointStorage(url, options)
+    clock = ManualClock(1_000_000)
+    lease = Lease(storage, clock, ttl_ms=10_000)
+    lease.acquire()
+    (tmp_path / "small" / "filler").write_bytes(b"\0" * 4000)
+    lease.release()  # cannot write the released lease: warns and goes on
+    assert lease.token is None
+    assert any("Could not release the checkpoint lease" in r.getMessage() for r in caplog.records)
+    (tmp_path / "small" / "filler").unlink()
+    clock.advance(10_001)
+    assert Lease(storage, clock, ttl_ms=10_000).acquire() == 2
