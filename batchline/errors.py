@@ -20,6 +20,7 @@ __all__ = [
     "JavaNotFoundError",
     "CheckpointFormatError",
     "CarriedError",
+    "carried_error_in",
     "MissingBatchParamsError",
     "DuplicateStateKeyError",
 ]
@@ -70,6 +71,10 @@ def _rebuild(cls: type[CarriedError], attributes: dict[str, Any], carry: bool) -
     return cls(**attributes, carry=carry)
 
 
+_CARRIED_TYPES: dict[str, type[CarriedError]] = {}
+"""Every CarriedError subclass by name, so that an error carried in any task's failure is found."""
+
+
 class CarriedError(BatchlineError):
     """An error a Spark task raises that the driver must recognise by its type and attributes.
 
@@ -80,6 +85,10 @@ class CarriedError(BatchlineError):
     by what its message says."""
 
     attributes: ClassVar[tuple[str, ...]] = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        _CARRIED_TYPES[cls.__name__] = cls
 
     def __init__(self, message: str, carry: bool) -> None:
         self.carry = carry
@@ -111,6 +120,23 @@ class CarriedError(BatchlineError):
             if payload.get("type") == cls.__name__:
                 return cls(**payload["attributes"], carry=False)
         return None
+
+
+def carried_error_in(error: BaseException) -> CarriedError | None:
+    """The first batchline error of any type that ``error`` is or carries in its text (see
+    ``CarriedError``), or None: what a failed batch reports instead of Spark's wrapper, whose
+    first line says only that a Python worker raised."""
+    if isinstance(error, CarriedError):
+        return error if not error.carry else type(error)(**error.attribute_values(), carry=False)
+    for found in _CARRIED.finditer(str(error)):
+        try:
+            payload = json.loads(found.group(1))
+        except ValueError:
+            continue
+        cls = _CARRIED_TYPES.get(payload.get("type"))
+        if cls is not None:
+            return cls(**payload["attributes"], carry=False)
+    return None
 
 
 class MissingBatchParamsError(CarriedError, ConfigurationError):

@@ -221,9 +221,11 @@ class JobEventStore:
         try:
             return self.storage.read_sealed(name)
         except CorruptFileError as error:
-            if not isinstance(error, TornFileError) or not self._in_flight(batch_time):
-                why = ("a later batch was committed after it" if isinstance(error, TornFileError)
-                       else "a crash cuts a write short but does not change its bytes")
+            later = self._written_after(name, batch_time) if isinstance(error, TornFileError) else None
+            if not isinstance(error, TornFileError) or not self._in_flight(batch_time) or later:
+                why = ("a crash cuts a write short but does not change its bytes"
+                       if not isinstance(error, TornFileError)
+                       else f"{later} was written after it" if later else "a later batch was committed after it")
                 raise CorruptFileError(
                     f"{error}; {why}, so it is not a crash's torn write. Restore the file from a backup, or move "
                     "the checkpoint location aside and start fresh"
@@ -232,6 +234,35 @@ class JobEventStore:
             logger.warning("Dropping torn record of batch %d, which no later commit follows: %s", batch_time, error)
             self.storage.delete(name)
             return None
+
+    def _written_after(self, name: str, batch_time: int) -> str | None:
+        """A record of the batch that is only ever written after ``name`` was written whole, if
+        one is there: then ``name`` was cut short later (a bad disk, a bad copy), not by a crash
+        while it was written, and what it records did happen. Listed: only ever for a torn record."""
+        kind = name.rsplit("/", 1)[-1]
+        if kind == "started.json":
+            followers = [n for n in self.storage.list_names(_batch_dir(batch_time)) if n != kind]
+        elif kind.startswith("operator-"):
+            prefix = "finished-" + kind[len("operator-"):-len(".json")] + "-p"
+            followers = [n for n in self.storage.list_names(_batch_dir(batch_time)) if n.startswith(prefix)]
+        else:
+            return None  # finish records and commit markers are the last records of their kind
+        return self.storage.full_url(f"{_batch_dir(batch_time)}/{followers[0]}") if followers else None
+
+    def check_logged(self, batch_time: int) -> None:
+        """Raise CorruptFileError when the batch's ``started`` record is missing while records
+        written after it are there: the batch ran with inputs no longer known, and running it
+        with others could contradict what it already wrote (its output's commit, its state)."""
+        name = _started(batch_time)
+        if self.storage.exists(name):
+            return
+        later = [n for n in self.storage.list_names(_batch_dir(batch_time)) if n != "started.json"]
+        if later:
+            raise CorruptFileError(
+                f"{self.storage.full_url(name)} is missing, but the batch's later records are there (such as "
+                f"{self.storage.full_url(f'{_batch_dir(batch_time)}/{later[0]}')}): the batch ran, and its inputs "
+                "are no longer known. Restore the file from a backup, or move the checkpoint location aside and "
+                "start fresh")
 
     def forget_finished(self, batch_time: int, operator: str, generation: int, partitions: int) -> None:
         """Delete a batch's finish records: it runs again whole (an input that cannot replay)."""

@@ -28,6 +28,8 @@ __all__ = ["Lease", "LeaseRecord", "CheckpointLockedError", "FencedError", "chec
 logger = logging.getLogger(__name__)
 
 LEASE_FILE = "_lease.json"
+_WRITTEN_BY_A_DRIVER = ("_manifest.json", "checkpoints")
+"""What a driver writes at a location after taking its lease: a location holding one was used."""
 
 
 class CheckpointLockedError(BatchlineError):
@@ -100,17 +102,39 @@ class Lease:
         self._lock = threading.Lock()
 
     def read(self) -> LeaseRecord | None:
+        return self._read()[0]
+
+    def _read(self) -> tuple[LeaseRecord | None, str | None]:
+        """The lease, or None with what is wrong with the file (None: there is none)."""
         if not self._storage.exists(LEASE_FILE):
-            return None
+            return None, None
         try:
-            return LeaseRecord.from_json(unseal(self._storage.read(LEASE_FILE), LEASE_FILE))
-        except (CorruptFileError, TypeError):
-            logger.warning("The lease file in %s is unreadable; treating the location as free", self._storage.url)
-            return None
+            return LeaseRecord.from_json(unseal(self._storage.read(LEASE_FILE), LEASE_FILE)), None
+        except (CorruptFileError, TypeError) as error:
+            return None, str(error)
+        except FileNotFoundError:
+            return None, None
+
+    def _first_token(self, current: LeaseRecord | None, damage: str | None) -> int:
+        """The token this acquisition takes: one more than the lease's. Without a readable lease
+        at a location that was used before (its lease damaged or deleted), the count is lost: the
+        clock in milliseconds stands in, larger than any count, so that a sink that fences older
+        tokens still refuses the drivers before and accepts this one."""
+        if current is not None:
+            return current.token + 1
+        used = any(self._storage.exists(name) for name in _WRITTEN_BY_A_DRIVER)
+        if damage is None and not used:
+            return 1
+        logger.warning(
+            "The lease file %s is %s; taking the location as free, with a fencing token from the clock (%d). Make "
+            "sure no other driver runs on %s", self._storage.full_url(LEASE_FILE),
+            f"unreadable ({damage})" if damage is not None else "missing at a location that was used before",
+            self._clock.now_ms(), self._storage.url)
+        return max(1, self._clock.now_ms())
 
     def acquire(self) -> int:
         """Take the lease or raise CheckpointLockedError naming the live holder."""
-        current = self.read()
+        current, damage = self._read()
         now = self._clock.now_ms()
         if current is not None and current.holder != self.holder:
             expired = current.expires_at_ms <= now
@@ -121,7 +145,7 @@ class Lease:
                     "its lease to expire, before starting another on the same location"
                 )
             logger.info("Taking over the checkpoint lease from %s", current.describe())
-        token = (current.token if current else 0) + 1
+        token = self._first_token(current, damage)
         self._acquired_at_ms = now
         self._write(token)
         confirmed = self.read()
@@ -143,9 +167,10 @@ class Lease:
                 f"this driver released its lease on {self._storage.url} (it is stopping), so it commits nothing "
                 "more; what it did not commit runs again at the next start"
             )
-        current = self.read()
+        current, damage = self._read()
         if current is None or current.holder != self.holder or current.token != self.token:
-            taker = current.describe() if current else "no driver (the lease file is gone)"
+            taker = (current.describe() if current else f"no driver (the lease file is unreadable: {damage})"
+                     if damage else "no driver (the lease file is gone)")
             raise FencedError(
                 f"this driver ({self.holder}, token {self.token}) lost its lease on "
                 f"{self._storage.url} to {taker}; it stops without committing. Run one driver per "
@@ -160,8 +185,15 @@ class Lease:
             current = self.read()
             if self.token is not None and current is not None and current.holder == self.holder:
                 # Expired rather than deleted: the next holder's token must still be larger.
-                self._write(self.token, expires_at_ms=0)
-                logger.debug("Released checkpoint lease on %s", self._storage.url)
+                try:
+                    self._write(self.token, expires_at_ms=0)
+                except OSError as error:
+                    # A stop goes on (the location may be full): the lease lapses by itself.
+                    logger.warning("Could not release the checkpoint lease on %s (%s); it expires at %s, and a "
+                                   "start on this host takes it over as soon as this process has ended",
+                                   self._storage.url, error, format_batch_time(current.expires_at_ms))
+                else:
+                    logger.debug("Released checkpoint lease on %s", self._storage.url)
             self.token = None
 
     def _write(self, token: int, expires_at_ms: int | None = None) -> None:

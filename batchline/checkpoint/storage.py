@@ -13,7 +13,9 @@ conditional create the write is a plain one, and a WARNING says so once per loca
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import functools
 import hashlib
 import json
@@ -28,10 +30,10 @@ from typing import Any
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from batchline.errors import BatchlineError
+from batchline.errors import BatchlineError, CarriedError
 
-__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "TornFileError", "fsync_path", "seal",
-           "unseal"]
+__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "StorageFullError", "TornFileError",
+           "fsync_path", "seal", "unseal"]
 
 logger = logging.getLogger(__name__)
 
@@ -39,13 +41,48 @@ logger = logging.getLogger(__name__)
 class CorruptFileError(BatchlineError):
     """A stored file is torn or does not match its checksum."""
 
+    retryable = False
+    """A damaged file stays damaged: running the batch again reads the same bytes."""
+
 
 class TornFileError(CorruptFileError):
     """A stored file ends early: what a crash in the middle of writing it leaves (a flipped
     byte is a plain ``CorruptFileError``)."""
 
 
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class StorageFullError(CarriedError, OSError):
+    """A store batchline writes to has no space left (ENOSPC, or a quota: EDQUOT). An OSError
+    still, so that what retries or tolerates failed writes (the checkpoint writer, the progress
+    records) goes on doing so; carried from a Spark task, so that the driver names the location.
+    Retryable: space may come back before the batch's next attempt."""
+
+    attributes = ("location", "path")
+
+    def __init__(self, location: str, path: str, carry: bool = True) -> None:
+        self.location = location
+        self.path = path
+        super().__init__(
+            f"no space left at {location} (writing {path}). Free space there, or give it more (or move the "
+            "checkpoint to a larger location, copying it whole), then start the pipeline again: the batch was not "
+            "committed, nothing half-written is kept, and it runs again", carry)
+        self.errno = errno.ENOSPC  # without a strerror, so that str() stays the message above
+
+
+def _in_spark_task() -> bool:
+    try:
+        from pyspark import TaskContext
+    except ImportError:
+        return False
+    return TaskContext.get() is not None
+
+
 _MAGIC = b"BATCHLINE1"
+_LONGEST_HEADER = len(_MAGIC) + 1 + 64 + 1 + 20
+"""Magic, space, SHA-256 in hex, space, a length of up to 20 digits: a file longer than this
+without its header's newline was altered, not cut short."""
 
 
 class RawJson:
@@ -77,10 +114,13 @@ def seal(payload: dict[str, Any]) -> bytes:
 
 
 def unseal(data: bytes, what: str) -> dict[str, Any]:
+    if not data:
+        raise TornFileError(f"{what} is empty (0 bytes)")
     header, newline, body = data.partition(b"\n")
     parts = header.split(b" ")
     if len(parts) != 3 or parts[0] != _MAGIC or not newline:
-        if not newline and (_MAGIC.startswith(header) or header.startswith(_MAGIC + b" ")):
+        if not newline and len(data) <= _LONGEST_HEADER and (_MAGIC.startswith(header)
+                                                              or header.startswith(_MAGIC + b" ")):
             raise TornFileError(f"{what} is torn (it ends inside its header)")
         raise CorruptFileError(f"{what} is not a batchline file, or its header was altered")
     if not parts[2].isdigit() or len(body) > int(parts[2]):
@@ -211,19 +251,41 @@ class CheckpointStorage:
         content. On a local disk the file is fsynced before returning; on S3 it is one
         conditional PUT (``If-None-Match: *``), whole or not at all."""
         path = self.path(relative)
-        if self._create_kind is ExclusiveCreate.LOCAL:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            with open(path, "xb") as handle:
+        try:
+            if self._create_kind is ExclusiveCreate.LOCAL:
+                self._create_local(path, data)
+            elif self._create_kind is ExclusiveCreate.S3:
+                self._put_if_absent(relative, data)
+            elif self._create_kind is ExclusiveCreate.MEMORY:
+                self.fs.pipe_file(path, data, mode="create")
+            else:
+                self.fs.pipe_file(path, data)
+        except OSError as error:
+            raise self._full(relative, error) from error
+
+    def _create_local(self, path: str, data: bytes) -> None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        # Through the file system object (a plain open() for LocalFileSystem), so that a subclass
+        # sees every byte written (the tests' one that runs out of space does).
+        handle = self.fs.open(path, "xb")
+        try:
+            with handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())
-            fsync_path(os.path.dirname(path))
-        elif self._create_kind is ExclusiveCreate.S3:
-            self._put_if_absent(relative, data)
-        elif self._create_kind is ExclusiveCreate.MEMORY:
-            self.fs.pipe_file(path, data, mode="create")
-        else:
-            self.fs.pipe_file(path, data)
+        except BaseException:
+            # Created by this call (exclusively), so it is this call's to remove: a file cut short
+            # by a full disk must not stand for a write that never finished.
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+            raise
+        fsync_path(os.path.dirname(path))
+
+    def _full(self, relative: str, error: OSError) -> OSError:
+        """``error`` as a StorageFullError naming the location when the store is out of space."""
+        if error.errno in _NO_SPACE and not isinstance(error, StorageFullError):
+            return StorageFullError(self.url, self.full_url(relative), carry=_in_spark_task())
+        return error
 
     def _put_if_absent(self, relative: str, data: bytes) -> None:
         path = self.path(relative)
@@ -245,6 +307,12 @@ class CheckpointStorage:
 
     def replace(self, relative: str, data: bytes) -> None:
         """Replace a small file in one step: readers see the old or the new content, whole."""
+        try:
+            self._replace(relative, data)
+        except OSError as error:
+            raise self._full(relative, error) from error
+
+    def _replace(self, relative: str, data: bytes) -> None:
         path = self.path(relative)
         if not self.is_local:
             self.fs.pipe_file(path, data)
@@ -252,8 +320,10 @@ class CheckpointStorage:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
         fd, temp = tempfile.mkstemp(prefix=".tmp-", dir=directory)
+        os.close(fd)
         try:
-            with os.fdopen(fd, "wb") as handle:
+            # Through the file system object, as in write_new.
+            with self.fs.open(temp, "wb") as handle:
                 handle.write(data)
                 handle.flush()
                 os.fsync(handle.fileno())

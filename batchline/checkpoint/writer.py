@@ -177,13 +177,18 @@ def load_latest_checkpoint(storage: CheckpointStorage) -> tuple[Checkpoint | Non
     line; an unreadable manifest falls back to the checkpoint files themselves.
     """
     entries: list[dict[str, Any]] = []
+    manifest_read = False
     try:
         if storage.exists(MANIFEST):
+            manifest_read = True
             entries = list(storage.read_sealed(MANIFEST)["checkpoints"])
-    except (CorruptFileError, KeyError) as error:
+    except (CorruptFileError, KeyError, TypeError) as error:
         logger.warning("The checkpoint manifest is unreadable (%s); looking at the checkpoint files", error)
     if not entries:
         entries = _entries_from_files(storage)
+        if entries and not manifest_read:
+            logger.warning("The checkpoint manifest %s is missing, but checkpoint files are there; reading them, "
+                           "newest first", storage.full_url(MANIFEST))
     for index, entry in enumerate(entries):
         name = entry["name"]
         try:

@@ -70,6 +70,11 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
         last_logged += interval
         pipeline.restore_allocations(last_logged, allocations, advance=True)
         restored[last_logged] = allocations
+    # The log ends where a batch was never logged: unless its record was lost afterwards.
+    events.check_logged(last_logged + interval)
+    for past in checkpoint.pending_times:
+        if past not in restored:
+            events.check_logged(past)
     pipeline.recover_after_restart()
     pipeline.restore_progress(_last_committed_progress(checkpoints, checkpoint, last_logged, interval))
     pipeline.open()

@@ -32,7 +32,7 @@ from typing import Protocol
 
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
-from batchline.errors import BatchFailedError, ContextStateError, short_cause
+from batchline.errors import BatchFailedError, ContextStateError, carried_error_in, short_cause
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, FailedIn, Job, JobSet, PendingCommit
 from batchline.scheduler.lifecycle import BatchLifecycle
@@ -288,7 +288,9 @@ class BatchRun:
                 return failure.job, failure.cause
             except BaseException as cause:
                 self._abandon_pending()
-                return job, cause
+                # A batchline error raised in a task (a damaged file it read) arrives as text in
+                # Spark's error: the batch fails with it, retried or not as it says.
+                return job, carried_error_in(cause) or cause
             finally:
                 lifecycle.job_finished(self.job_set, job, started, clock.now_ms())
             if left is not None:

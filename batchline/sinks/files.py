@@ -210,8 +210,9 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         time_ms = attempt.batch_time
         # Step 3
         if self._storage.exists(_target(time_ms)):
-            logger.warning("%s/%s exists without a commit record (written by an earlier release of batchline); "
-                           "leaving it as it is", self.path, _target(time_ms))
+            logger.warning("%s/%s exists without its commit record %s (written by an earlier release of batchline, "
+                           "or the record was lost after a local publish put the batch there whole); leaving it as "
+                           "it is", self.path, _target(time_ms), self._own.full_url(_record_name(time_ms)))
             self._drop_staging(time_ms)
             return
         # Step 4
@@ -345,9 +346,20 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
             try:
                 record = storage.read_sealed(name)
             except CorruptFileError as error:
-                # Torn while being written (local disk): publishing had not begun, so the batch is written anew.
-                logger.warning("Ignoring the torn commit record of batch %d (%s); writing the batch again", time_ms,
-                               error)
+                target = self._storage.full_url(_target(time_ms))
+                if not self._storage.is_local and self._storage.exists(_target(time_ms)):
+                    # Publishing had begun, so the record was whole once; on an object store the
+                    # batch's files are copied one by one, and which of them are in place is unknown.
+                    raise SinkError(
+                        f"the commit record {storage.full_url(name)} of batch {time_ms} is damaged ({error}), and "
+                        f"{target} was published from it, perhaps in part. Delete {target} and "
+                        f"{storage.full_url(name)}, then start the pipeline again: it writes the batch anew"
+                    ) from error
+                # Torn while being written (publishing had not begun: the batch is written anew), or
+                # damaged after a local publish, which renamed the batch's directory into place whole.
+                logger.warning("Ignoring the damaged commit record %s of batch %d (%s): the batch is written again, "
+                               "unless %s is in place already (a local publish puts it there whole)",
+                               storage.full_url(name), time_ms, error, target)
                 storage.delete(name)
                 return None
             return {**record, "legacy": storage is self._storage}

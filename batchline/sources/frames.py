@@ -7,11 +7,15 @@ pipeline's first start Spark tasks write the DataFrame's rows once, as Parquet f
 count is created last: until it exists, a restart writes them anew (in a new attempt
 folder). Batches are ranges of those files, at most ``max_records_per_batch`` rows each
 (the rows are spread over files of about that size), read back by Spark tasks through
-fsspec, so it works the same on a local disk and on an object store.
+fsspec, so it works the same on a local disk and on an object store. The manifest keeps each
+file's SHA-256, checked whenever a task reads the file back: a damaged file fails the batch,
+naming it, instead of giving it other rows (manifests written before kept no digests; their
+files are read as they are).
 """
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
 import math
@@ -26,15 +30,46 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
-from batchline.errors import ConfigurationError, SourceError
+from batchline.errors import CarriedError, ConfigurationError, SourceError
 from batchline.sources.index_range import IndexRangeSource
 from batchline.sources.source import BatchTimes, Position, SourceBatch, SourceRun, Split
 
-__all__ = ["DataFrameSource", "INPUTS_DIR"]
+__all__ = ["DamagedInputFileError", "DataFrameSource", "INPUTS_DIR", "verified_rows"]
 
 logger = logging.getLogger(__name__)
 
 INPUTS_DIR = "inputs"
+
+
+class DamagedInputFileError(CarriedError):
+    """A kept input file's bytes are not those written: the batch would read other rows. Not
+    retryable (the file stays damaged); raised in a task with ``carry=True``, so that the driver
+    names the file."""
+
+    retryable = False
+    attributes = ("path", "problem")
+
+    def __init__(self, path: str, problem: str, carry: bool = True) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"input file {path} is damaged: {problem}. batchline stops rather than give a batch other rows than it "
+            "had. Restore the file from a copy of the checkpoint location and start the pipeline again; without a "
+            "copy, start from a new checkpoint location (the input is read from its beginning)", carry)
+
+
+def verified_rows(data: bytes, sha256: str | None, where: str) -> pa.Table:
+    """A kept input file's rows, once its bytes match the digest the manifest kept (None: a
+    manifest written before digests were kept, read as it is)."""
+    if sha256 is not None and hashlib.sha256(data).hexdigest() != sha256:
+        problem = ("it is empty (0 bytes)" if not data
+                   else f"its checksum does not match its content ({len(data)} bytes)")
+        raise DamagedInputFileError(where, problem, carry=TaskContext.get() is not None)
+    try:
+        return pq.read_table(pa.BufferReader(data))
+    except (pa.ArrowInvalid, OSError) as error:
+        raise DamagedInputFileError(where, f"it is unreadable ({error})", carry=TaskContext.get() is not None) \
+            from None
 
 
 class DataFrameSource(IndexRangeSource):
@@ -110,11 +145,14 @@ class DataFrameSource(IndexRangeSource):
                 name = f"{folder}/part-{context.partitionId():05d}.parquet"
                 buffer = io.BytesIO()
                 pq.write_table(table, buffer)
-                storage.replace(name, buffer.getvalue())
-                yield pa.RecordBatch.from_pydict({"file": [name], "rows": [table.num_rows]})
+                data = buffer.getvalue()
+                storage.replace(name, data)
+                yield pa.RecordBatch.from_pydict({"file": [name], "rows": [table.num_rows],
+                                                  "sha256": [hashlib.sha256(data).hexdigest()]})
 
-        written = df.mapInArrow(write, "file string, rows long").collect()
-        return [{"file": row.file, "rows": row.rows} for row in sorted(written, key=lambda r: r.file)]
+        written = df.mapInArrow(write, "file string, rows long, sha256 string").collect()
+        return [{"file": row.file, "rows": row.rows, "sha256": row.sha256}
+                for row in sorted(written, key=lambda r: r.file)]
 
     # ---------------------------------------------------------------- positions
     def initial_position(self) -> Position:
@@ -147,14 +185,21 @@ class DataFrameSource(IndexRangeSource):
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
         """The batch's files, read back by Spark tasks through the checkpoint's storage."""
         [split] = batch.splits
-        storage, names = self._kept, [f["file"] for f in self._files[int(split["start"]):int(split["end"])]]
+        storage, files = self._kept, self._files[int(split["start"]):int(split["end"])]
 
         def read(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             for batch in batches:
                 for index in batch.column(0).to_pylist():
-                    yield from pq.read_table(pa.BufferReader(storage.read(names[index]))).to_batches()
+                    name = files[index]["file"]
+                    where = storage.full_url(name)
+                    try:
+                        data = storage.read(name)
+                    except FileNotFoundError:
+                        raise DamagedInputFileError(where, "it is missing", carry=TaskContext.get() is not None) \
+                            from None
+                    yield from verified_rows(data, files[index].get("sha256"), where).to_batches()
 
-        return spark.range(0, len(names), 1, len(names)).mapInArrow(read, self.df.schema)
+        return spark.range(0, len(files), 1, len(files)).mapInArrow(read, self.df.schema)
 
     def read(self, split: Split) -> Iterable[Any]:
         raise SourceError(f"the rows of {self.name} are read back by Spark (frame()), never split by split; this "

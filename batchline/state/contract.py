@@ -249,6 +249,10 @@ class Stats:
     """A bit per state partition that still holds a key with a timeout after the batch."""
     partitions_after: dict[int, PartitionFacts] = field(default_factory=dict, metadata={"merge": _UNION})
     """Per state partition that did the batch's work: what it holds after it."""
+    warnings: tuple[str, ...] = ()
+    """What the tasks read around (a damaged snapshot rebuilt from older files, a damaged kept
+    output run again): the driver logs them at WARN, where the pipeline's log is read, since a
+    Python worker's own log lines end up in the executor's stderr."""
 
     def merge(self, other: Stats) -> Stats:
         """Field by field: counts add up, the newest event time wins, partition bits combine."""
@@ -284,6 +288,7 @@ class Stats:
                                       for p, facts in fields.get("partitions_after", {}).items()}
         fields["input_max_event_time_ms"] = {int(i): int(t)
                                              for i, t in fields.get("input_max_event_time_ms", {}).items()}
+        fields["warnings"] = tuple(fields.get("warnings", ()))
         return cls(**fields)
 
 

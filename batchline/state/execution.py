@@ -139,11 +139,12 @@ def spark_task(spec: OperatorSpec, batch_time: int,
 
 def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
                    version: int | None, below: int | None = None,
-                   held: PartitionData | None = None, without_snapshots: frozenset[int] = frozenset()) \
-        -> PartitionData:
+                   held: PartitionData | None = None, without_snapshots: frozenset[int] = frozenset(),
+                   notes: list[str] | None = None) -> PartitionData:
     """A partition's state at ``version`` (or the newest below ``below``); catches ``held`` up
     with deltas when it can. A damaged snapshot is read around: the state is rebuilt, exactly,
-    from an older snapshot and the deltas after it, when they are all retained."""
+    from an older snapshot and the deltas after it, when they are all retained; the WARN saying
+    so is also added to ``notes`` (for the driver's log)."""
     target, steps = files.plan_load(generation, partition, version, below,
                                     since=held.version if held is not None else None,
                                     without_snapshots=without_snapshots)
@@ -182,12 +183,15 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
             if not instead or instead[0][1] != SNAPSHOT:
                 raise damaged.error from None
             rebuilt = load_partition(files, spec_state, single_key, generation, partition, version, below, None,
-                                     avoid)
+                                     avoid, notes)
         except StateVersionError:
             raise damaged.error from None  # the deltas it stood for are gone: nothing to rebuild from
-        logger.warning("%s: the snapshot of version %d is damaged (%s); its state was rebuilt from the older "
-                       "files, which verified. Restore or delete the damaged file %s", what, damaged.version,
-                       damaged.error.problem, damaged.error.path)
+        note = (f"{what}: the snapshot of version {damaged.version} is damaged ({damaged.error.problem}); its state "
+                f"was rebuilt from the older files, which verified. Restore or delete the damaged file "
+                f"{damaged.error.path}")
+        logger.warning("%s", note)
+        if notes is not None:
+            notes.append(note)
         return rebuilt
     entries.compact()
     give_memory_back()  # loading built and dropped copies of the partition
@@ -207,7 +211,20 @@ def _cache_key(spec: OperatorSpec, partition: int) -> _CacheKey:
     return (spec.store.location, spec.operator, spec.generation, partition)
 
 
-def _cached_partition(spec: OperatorSpec, params: BatchParams, partition: int, cache: PartitionCache) -> _Cached:
+def _cached_partition(spec: OperatorSpec, params: BatchParams, partition: int, cache: PartitionCache,
+                      notes: list[str]) -> _Cached:
+    try:
+        return _load_cached(spec, params, partition, cache, notes)
+    except StateVersionError as error:
+        # Files the committed version needs are gone: as damaging as a changed byte, and the
+        # same every attempt. Carried, so that the driver names the partition's files.
+        raise DamagedStateFileError(spec.store.partition_location(spec.generation, partition),
+                                    f"files that committed version {params.version_of(partition)} needs are "
+                                    f"missing ({error})", carry=TaskContext.get() is not None) from None
+
+
+def _load_cached(spec: OperatorSpec, params: BatchParams, partition: int, cache: PartitionCache,
+                 notes: list[str]) -> _Cached:
     store = spec.store
     version = params.version_of(partition)
     cached = cache.take(_cache_key(spec, partition))
@@ -217,10 +234,11 @@ def _cached_partition(spec: OperatorSpec, params: BatchParams, partition: int, c
         return cached
     if version is None:
         data = load_partition(store, spec.state, spec.single_key, spec.generation, partition, None,
-                              below=params.batch_time)
+                              below=params.batch_time, notes=notes)
         return _Cached(params.token, data)
     held = cached.data if cached is not None and (cached.data.version or 0) < version else None
-    data = load_partition(store, spec.state, spec.single_key, spec.generation, partition, version, held=held)
+    data = load_partition(store, spec.state, spec.single_key, spec.generation, partition, version, held=held,
+                          notes=notes)
     if cached is not None and data is cached.data:
         return cached
     return _Cached(params.token, data)
@@ -383,13 +401,15 @@ def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
                 "it with the pipeline's description. Restart the pipeline: the batch runs again")
         report(Stats() if params.skip else Stats(partitions=1 << partition))
         return None
-    kept = _finished_output(spec, params, partition)
+    notes: list[str] = []
+    kept = _finished_output(spec, params, partition, notes)
     if kept is not None:
         record, table = kept
         report(Stats.from_json(record.stats))
         return table
     cache = WORKER_CACHE if cache is None else cache
-    cached = _cached_partition(spec, params, partition, cache)
+    cached = _cached_partition(spec, params, partition, cache, notes)
+    stats.warnings = tuple(notes)
     result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
     # Only a batch that succeeded puts its partition back: no half-applied batch survives.
     cache.put(_cache_key(spec, partition), cached)
@@ -428,10 +448,12 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
     return result
 
 
-def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int
+def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, notes: list[str]
                      ) -> tuple[PartitionFinished, pa.Table] | None:
     """A partition that recorded its finish of this batch (before a driver crash, or in an
-    earlier attempt of this task) keeps it: its output is read back, its delta is written."""
+    earlier attempt of this task) keeps it: its output is read back, its delta is written. A
+    kept output that is gone or damaged is not needed: the partition runs the batch again from
+    the state before it (the same input gives the same output and delta), with a WARN."""
     if spec.journal is None or not params.keep_finished:
         return None
     record = spec.journal.finished(params.batch_time, spec.operator, spec.generation, partition)
@@ -439,9 +461,12 @@ def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int
         return None
     try:
         table = spec.store.read_version(spec.generation, partition, params.batch_time, OUTPUT).table
-    except FileNotFoundError:
-        logger.warning("Partition %d of operator %s recorded its finish of batch %d, but its output is gone; "
-                       "running it again", partition, spec.operator, params.batch_time)
+    except (FileNotFoundError, DamagedStateFileError) as error:
+        problem = error.problem if isinstance(error, DamagedStateFileError) else "it is gone"
+        note = (f"partition {partition} of operator {spec.operator!r} recorded its finish of batch "
+                f"{params.batch_time}, but its kept output is unusable ({problem}); running the partition again")
+        logger.warning("%s", note)
+        notes.append(note)
         return None
     logger.info("Partition %d of operator %s keeps its finished batch %d (%d output rows)", partition,
                 spec.operator, params.batch_time, table.num_rows)

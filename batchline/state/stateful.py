@@ -525,6 +525,8 @@ class StatefulRuntime(StreamRuntime):
             run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
             stats = self.reported(batch_time, started.params)
         running, ending, watermark = started.running, started.ending, started.watermark_ms
+        for note in dict.fromkeys(stats.warnings):  # a partition evaluated by two jobs says it twice
+            logger.warning("Operator %s, batch %d: %s", self.name, batch_time, note)
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
         for i, newest in stats.input_max_event_time_ms.items():

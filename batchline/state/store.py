@@ -52,7 +52,7 @@ import pyarrow.ipc as ipc
 from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
-from batchline.checkpoint.storage import CheckpointStorage, seal
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
 from batchline.errors import BatchlineError, CarriedError
 from batchline.state.entries import (
     KEY_PREFIX,
@@ -327,6 +327,14 @@ class StateStore(abc.ABC):
     def describe_partition(self, partition: int) -> str:
         return f"state of operator {self.operator!r}, partition {partition}"
 
+    def partition_location(self, generation: int, partition: int) -> str:
+        """Where a partition's files are, for messages."""
+        return f"{self.location}/{STATE_DIR}/{self.operator}/g{generation}/p{partition:05d}"
+
+    def file_location(self, generation: int, partition: int, version: int, kind: str) -> str:
+        """Where one version file is (or would be), for messages."""
+        return f"{self.partition_location(generation, partition)}/{_file_name(version, kind)}"
+
     def purge(self, generation: int, partition: int, retain: int, committed_through: int | None = None) -> int:
         """Delete files no longer needed to load the newest ``retain`` versions: everything
         below the newest snapshot at or under the oldest retained version; and the outputs of
@@ -384,7 +392,8 @@ class StateStore(abc.ABC):
             if start is None or v > start:
                 if DELTA not in versions[v]:
                     raise StateVersionError(
-                        f"{self.describe_partition(partition)}: version {v} has no delta and no earlier snapshot "
+                        f"{self.describe_partition(partition)}: version {v} has no delta "
+                        f"({self.file_location(generation, partition, v, DELTA)} is missing) and no earlier snapshot "
                         f"covers it at {self.location}; the state files are incomplete. Restore the state "
                         "directory from a copy of the checkpoint"
                     )
@@ -447,8 +456,35 @@ class FileStateStore(StateStore):
     def read_metadata(self) -> StateMetadata | None:
         name = f"{self.base}/{METADATA}"
         if not self.storage.exists(name):
+            found = self._state_written_without_metadata()
+            if found is not None:
+                raise StateStoreError(
+                    f"the state metadata {self.storage.full_url(name)} of operator {self.operator!r} is missing, but "
+                    f"batches wrote its state ({found}): without it the partition count, generation and schemas "
+                    "are unknown, and state read under others would be wrong. Restore the file from a copy of the "
+                    "checkpoint location; without a copy, start the operator afresh from a new checkpoint location")
             return None
-        return StateMetadata.from_json(self.storage.read_sealed(name))
+        try:
+            return StateMetadata.from_json(self.storage.read_sealed(name))
+        except (CorruptFileError, KeyError, TypeError, ValueError) as error:
+            raise StateStoreError(
+                f"the state metadata of operator {self.operator!r} is damaged: {error}. It holds the partition "
+                "count, generation and schemas of the state, so nothing runs without it. Restore the file from a "
+                "copy of the checkpoint location; without a copy, start the operator afresh from a new checkpoint "
+                "location") from error
+
+    def _state_written_without_metadata(self) -> str | None:
+        """A delta of any partition, when there is one: batches ran, so the metadata existed (an
+        initial state, written before its metadata, has snapshots only). Listed: only when the
+        metadata is missing."""
+        for generation in self.storage.list_names(self.base):
+            if not (generation.startswith("g") and generation[1:].isdigit()):
+                continue
+            for partition in self.storage.list_names(f"{self.base}/{generation}"):
+                for name in self.storage.list_names(f"{self.base}/{generation}/{partition}"):
+                    if name.endswith(f".{DELTA}.arrow"):
+                        return self.storage.full_url(f"{self.base}/{generation}/{partition}/{name}")
+        return None
 
     def write_metadata(self, metadata: StateMetadata) -> None:
         self.storage.replace(f"{self.base}/{METADATA}", seal(metadata.to_json()))

@@ -53,13 +53,39 @@ def test_a_torn_record_at_the_tail_is_dropped_with_a_warning(tmp_path, caplog):
     events.batch_started(1000, {"a": {}}, token=1)
     events.batch_started(2000, {"a": {}}, token=1)
     (tmp_path / "events" / "000000000002000" / "started.json").write_bytes(b"BATCHLINE1 deadbeef 99\n{\"ti")
-    events.partition_finished(2000, finished(0))
-    (tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00000.json").write_bytes(b"BATCHLINE1 0f3a")
     with caplog.at_level(logging.WARNING, logger="batchline.checkpoint.events"):
         assert events.started(2000) is None  # never ran: it is generated anew
+        assert not (tmp_path / "events" / "000000000002000" / "started.json").exists()
+        events.batch_started(2000, {"a": {}}, token=1)
+        events.partition_finished(2000, finished(0))
+        (tmp_path / "events" / "000000000002000" / "finished-sessions-g0-p00000.json").write_bytes(b"BATCHLINE1 0f")
         assert events.finished(2000, "sessions", 0, 0) is None  # runs again
     assert sum("Dropping torn record of batch 2000" in r.getMessage() for r in caplog.records) == 2
-    assert not (tmp_path / "events" / "000000000002000" / "started.json").exists()
+
+
+def test_a_record_cut_short_after_later_records_of_its_batch_were_written_is_an_error(tmp_path):
+    """A crash tears only the record being written; one followed by records of its batch was
+    whole once, so what it recorded happened: it is not dropped."""
+    events = store(tmp_path)
+    events.batch_started(2000, {"a": {}}, token=1)
+    events.partition_finished(2000, finished(0))
+    started = tmp_path / "events" / "000000000002000" / "started.json"
+    started.write_bytes(started.read_bytes()[:40])
+    with pytest.raises(CorruptFileError, match="finished-sessions-g0-p00000.json was written after it") as failure:
+        events.started(2000)
+    assert str(started) in str(failure.value) and "Restore the file" in str(failure.value)
+    assert started.exists()
+
+
+def test_a_lost_started_record_of_a_batch_that_ran_is_an_error(tmp_path):
+    events = store(tmp_path)
+    events.batch_started(2000, {"a": {}}, token=1)
+    events.check_logged(2000)
+    events.check_logged(3000)  # never logged: nothing to say
+    events.partition_finished(2000, finished(0))
+    (tmp_path / "events" / "000000000002000" / "started.json").unlink()
+    with pytest.raises(CorruptFileError, match="started.json is missing, but the batch's later records are there"):
+        events.check_logged(2000)
 
 
 def test_a_torn_finish_record_while_later_batches_run_is_dropped(tmp_path):

@@ -103,3 +103,42 @@ def test_a_damaged_snapshot_without_the_files_before_it_stops_naming_it(tmp_path
     with pytest.raises(DamagedStateFileError, match="checksum does not match") as failure:
         load_partition(store, STATE, True, 0, 0, 5)
     assert snapshot.name in str(failure.value)
+
+
+# -------------------------------------------------------------------- a damaged kept output
+@pytest.mark.parametrize("damage", ["flipped", "deleted"])
+def test_a_finished_partition_whose_kept_output_is_damaged_runs_again_exactly_and_says_so(tmp_path, damage):
+    import dataclasses
+
+    from batchline.checkpoint.events import JobEventStore
+    from batchline.checkpoint.lease import Lease
+    from batchline.checkpoint.storage import CheckpointStorage
+    from batchline.clock import ManualClock
+    from batchline.state.contract import BatchParams
+    from batchline.state.group_state import GroupStateTimeout
+    from batchline.state.store import FileStateStore
+    from tests.unit.test_state_store import Worker, running_count, spec_for
+
+    location = CheckpointStorage(str(tmp_path / "checkpoint"))
+    token = Lease(location, ManualClock(0), 15_000).acquire()
+    calls = []
+
+    def counted(key, rows, state):
+        calls.append(key)
+        yield from running_count(key, rows, state)
+
+    store = FileStateStore(location, "op")
+    spec = dataclasses.replace(spec_for(store, counted, GroupStateTimeout.NO_TIMEOUT),
+                               journal=JobEventStore(location, 1000))
+    params = BatchParams(1000, None, token, None)
+    first_out, _ = Worker(spec).run(params, [("a", 1), ("b", 2)], 3)
+    kept = tmp_path / "checkpoint" / "state" / "op" / "g0" / "p00003" / f"{1000:015d}.output.arrow"
+    if damage == "flipped":
+        data = bytearray(kept.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        kept.write_bytes(bytes(data))
+    else:
+        kept.unlink()
+    again_out, stats = Worker(spec).run(params, [("a", 1), ("b", 2)], 3)
+    assert again_out == first_out and calls == ["a", "b", "a", "b"]  # run again from the state before it
+    assert any("kept output is unusable" in w and "running the partition again" in w for w in stats.warnings)
