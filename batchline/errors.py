@@ -20,6 +20,7 @@ __all__ = [
     "JavaNotFoundError",
     "CheckpointFormatError",
     "CarriedError",
+    "DamagedFileError",
     "carried_error_in",
     "MissingBatchParamsError",
     "DuplicateStateKeyError",
@@ -120,6 +121,26 @@ class CarriedError(BatchlineError):
             if payload.get("type") == cls.__name__:
                 return cls(**payload["attributes"], carry=False)
         return None
+
+
+class DamagedFileError(CarriedError):
+    """A file batchline wrote whose bytes are not those written: its checksum does not match,
+    it is cut short, or it is empty. Going on would give a wrong answer, so nothing goes on:
+    not retryable (the file stays damaged), and raised in a task with ``carry=True`` so that
+    the driver names the file. Subclasses say which file and what going on would have cost."""
+
+    retryable = False
+    attributes = ("path", "problem")
+    kind: ClassVar[str] = "file"
+    consequence: ClassVar[str] = "batchline stops rather than go on with what it cannot verify"
+    remedy: ClassVar[str] = "start from a new checkpoint location"
+
+    def __init__(self, path: str, problem: str, carry: bool = True) -> None:
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"{self.kind} {path} is damaged: {problem}. {self.consequence}. Restore the file from a copy of the "
+            f"checkpoint location and start the pipeline again; without a copy, {self.remedy}", carry)
 
 
 def carried_error_in(error: BaseException) -> CarriedError | None:

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, seal
-from batchline.errors import CarriedError, ConfigurationError, SourceError
+from batchline.errors import ConfigurationError, DamagedFileError, SourceError
 from batchline.sources.index_range import IndexRangeSource
 from batchline.sources.source import BatchTimes, Position, SourceBatch, SourceRun, Split
 
@@ -41,21 +41,12 @@ logger = logging.getLogger(__name__)
 INPUTS_DIR = "inputs"
 
 
-class DamagedInputFileError(CarriedError):
-    """A kept input file's bytes are not those written: the batch would read other rows. Not
-    retryable (the file stays damaged); raised in a task with ``carry=True``, so that the driver
-    names the file."""
+class DamagedInputFileError(DamagedFileError):
+    """A kept input file that does not verify: the batch would read other rows."""
 
-    retryable = False
-    attributes = ("path", "problem")
-
-    def __init__(self, path: str, problem: str, carry: bool = True) -> None:
-        self.path = path
-        self.problem = problem
-        super().__init__(
-            f"input file {path} is damaged: {problem}. batchline stops rather than give a batch other rows than it "
-            "had. Restore the file from a copy of the checkpoint location and start the pipeline again; without a "
-            "copy, start from a new checkpoint location (the input is read from its beginning)", carry)
+    kind = "input file"
+    consequence = "batchline stops rather than give a batch other rows than it had"
+    remedy = "start from a new checkpoint location (the input is read from its beginning)"
 
 
 def verified_rows(data: bytes, sha256: str | None, where: str) -> pa.Table:

@@ -53,7 +53,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
-from batchline.errors import BatchlineError, CarriedError
+from batchline.errors import BatchlineError, DamagedFileError
 from batchline.state.entries import (
     KEY_PREFIX,
     STATE_PREFIX,
@@ -114,22 +114,12 @@ class StateStoreError(BatchlineError):
     """The state store was used in a way it cannot support, or holds a file it cannot read."""
 
 
-class DamagedStateFileError(CarriedError):
-    """A state file's bytes are not those batchline wrote: its checksum does not match, it is
-    cut short, or it is empty. Going on would give a wrong answer, so nothing goes on: not
-    retryable (the file stays damaged), and raised in a task with ``carry=True`` so that the
-    driver names the file."""
+class DamagedStateFileError(DamagedFileError):
+    """A state file that does not verify."""
 
-    retryable = False
-    attributes = ("path", "problem")
-
-    def __init__(self, path: str, problem: str, carry: bool = True) -> None:
-        self.path = path
-        self.problem = problem
-        super().__init__(
-            f"state file {path} is damaged: {problem}. batchline stops rather than go on with state it cannot "
-            "verify. Restore the file from a copy of the checkpoint location and start the pipeline again; without "
-            "a copy, start the operator afresh from a new checkpoint location (its state is lost)", carry)
+    kind = "state file"
+    consequence = "batchline stops rather than go on with state it cannot verify"
+    remedy = "start the operator afresh from a new checkpoint location (its state is lost)"
 
 
 # -------------------------------------------------------------------- records
