@@ -53,6 +53,7 @@ from batchline.state.store import (
     SNAPSHOT,
     DamagedStateFileError,
     FileHeader,
+    KeptOutputLostError,
     PartitionData,
     StateStore,
     StateVersionError,
@@ -414,17 +415,28 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
 def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int
                      ) -> tuple[PartitionFinished, pa.Table] | None:
     """A partition that recorded its finish of this batch (before a driver crash, or in an
-    earlier attempt of this task) keeps it: its output is read back, its delta is written."""
+    earlier attempt of this task) keeps it: its output is read back, its delta is written.
+    One whose output cannot be read back runs again, if its rows came to it: a partition the
+    restart kept (its rows left out of the shuffle) fails instead of losing them."""
     if spec.journal is None or not params.keep_finished:
         return None
     record = spec.journal.finished(params.batch_time, spec.operator, spec.generation, partition)
     if record is None:
         return None
+    problem = None
     try:
         table = spec.store.read_version(spec.generation, partition, params.batch_time, OUTPUT).table
-    except FileNotFoundError:
-        logger.warning("Partition %d of operator %s recorded its finish of batch %d, but its output is gone; "
-                       "running it again", partition, spec.operator, params.batch_time)
+    except DamagedStateFileError as error:
+        problem = error.path, error.problem
+    except (FileNotFoundError, StateVersionError):
+        problem = spec.store.version_where(spec.generation, partition, params.batch_time, OUTPUT), "it is missing"
+    if problem is not None:
+        where, why = problem
+        if partition in params.left_out:
+            raise KeptOutputLostError(spec.operator, partition, params.batch_time, where, why)
+        logger.warning("Partition %d of operator %s recorded its finish of batch %d, but its output %s cannot be "
+                       "read back (%s); running it again on its rows, which came to it", partition, spec.operator,
+                       params.batch_time, where, why)
         return None
     logger.info("Partition %d of operator %s keeps its finished batch %d (%d output rows)", partition,
                 spec.operator, params.batch_time, table.num_rows)
