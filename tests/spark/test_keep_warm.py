@@ -146,11 +146,11 @@ def test_a_pipeline_stopped_right_after_its_start_cancels_its_warm_up_quietly(sp
         began = time.monotonic()
         try:
             assert poll_until(warm_up_jobs, 10, 0.05), "the start-up warm-up job did not start"
+            warming = [t for t in threading.enumerate() if t.name == "batchline-warm-up" and t not in before]
+            assert warming, "the context started no warm-up thread"
         finally:
             ssc.stop(graceful=False)
         stopped_in = time.monotonic() - began
-        warming = [t for t in threading.enumerate() if t.name == "batchline-warm-up" and t not in before]
-        assert warming, "the context started no warm-up"
         for thread in warming:
             thread.join(20)
     assert stopped_in < 10, f"the stop took {stopped_in:.1f} s"
