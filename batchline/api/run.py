@@ -21,7 +21,7 @@ from pyspark.sql import SparkSession
 
 from batchline.api.launch import ship_py_files
 from batchline.api.settings import ContextSettings
-from batchline.api.warmup import KeepWorkersWarm, warm_up
+from batchline.api.warmup import KeepWorkersWarm, StartupWarmUp, warm_up
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import CheckpointManager
@@ -126,6 +126,8 @@ class PipelineRun:
         self._stop_requests_lock = threading.Lock()
         self._started_at_ms: int | None = None
         self._keep_warm: KeepWorkersWarm | None = None
+        self._warming: StartupWarmUp | None = None
+        """The start-up warm-up, cancelled by a stop that comes while it runs."""
         self._where = "no checkpoint location: it starts fresh every run"
         """Where it runs, for the start line: the location, and whether it resumes or starts fresh."""
         self._at_once = threading.Event()
@@ -149,13 +151,14 @@ class PipelineRun:
                 )
             _make_logs_visible()
             ship_py_files(self.spark)
-            warm_up(self.spark)  # in the background, while the checkpoint is read
+            self._warming = warm_up(self.spark)  # in the background, while the checkpoint is read
             try:
                 checkpoint = self._open_checkpoints()
             except BaseException as error:
                 self._start_refused(error)
                 raise
             if checkpoint is not None and self._already_finished(checkpoint):
+                self._stop_warming()
                 self.state = ContextState.STOPPED
                 self._terminated.set()
                 return
@@ -180,10 +183,17 @@ class PipelineRun:
         parts.extend(self.observers.addresses())
         return "; ".join(parts)
 
+    def _stop_warming(self) -> None:
+        """Cancel the start-up warm-up if it still runs, and wait for it: the caller may stop
+        the Spark session next, and a job of ours cut off by that logs errors."""
+        if self._warming is not None:
+            self._warming.stop()
+
     def _start_refused(self, error: BaseException) -> None:
         """The start failed while holding the lease (a refused state-schema change, a changed
         partition count, an unreadable checkpoint): record it at the location, as a stop is,
         so that ``batchline status`` names it; then give the lease up."""
+        self._stop_warming()
         if self.checkpoints is None:
             return
         lease = self.checkpoints.lease
@@ -345,6 +355,7 @@ class PipelineRun:
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
         if self._keep_warm is not None:
             self._keep_warm.stop()
+        self._stop_warming()
         if self.pipeline is None or self.generator is None or self.scheduler is None:
             raise ContextStateError("the context is active but was never fully started; this is a bug in batchline")
         how, unfinished = StopHow.FAILED, []

@@ -5,7 +5,9 @@ batchline's per-key path, the JVM loading the classes of its first Arrow job. No
 the checkpoint, so it runs in the background as soon as the context starts, while the lease,
 the checkpoint and the job event store are read: one small job with a task per core, under a
 job group of its own. It is done once per SparkContext; a failure is logged and changes
-nothing else.
+nothing else. A pipeline stopped while it runs cancels it (``StartupWarmUp.stop``) and waits for
+it before it returns, so a script that stops its Spark session next finds no job of ours
+running: a cancelled warm-up is logged at DEBUG, as nothing went wrong.
 
 An idle pipeline pays the same cold work again (issue 19): its batches run no Spark job, and
 Spark stops Python workers that sat idle for a minute (``PythonWorkerFactory``'s fixed
@@ -22,6 +24,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -29,7 +32,7 @@ from pyspark.sql import SparkSession
 from batchline.scheduler.listener import StreamingListener
 from batchline.scheduler.progress import BatchProgress
 
-__all__ = ["DEFAULT_KEEP_WARM_MS", "KeepWorkersWarm", "warm_up"]
+__all__ = ["DEFAULT_KEEP_WARM_MS", "KeepWorkersWarm", "StartupWarmUp", "warm_up"]
 
 logger = logging.getLogger(__name__)
 
@@ -53,23 +56,59 @@ def _warm_task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     yield pa.RecordBatch.from_pydict({"rows": [rows]})
 
 
-def warm_up(spark: SparkSession) -> threading.Thread | None:
-    """Start warming ``spark`` up in a daemon thread, once per SparkContext; returns the thread
-    (None when this context was warmed already)."""
+@dataclass
+class StartupWarmUp:
+    """The start-up warm-up of one SparkContext, running in a thread of its own."""
+
+    context_id: int
+    cancel: Callable[[], None]
+    """Cancel the warm-up's Spark job (its job group)."""
+    stopping: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Cancel the warm-up if it still runs and wait up to ``timeout_s`` for it to end. The
+        SparkContext counts as not warmed, so a later start on it warms it again."""
+        thread = self.thread
+        if thread is None or not thread.is_alive():
+            return
+        self.stopping.set()
+        deadline = time.monotonic() + timeout_s
+        # Cancelled again while it runs: the thread may submit its job just after a cancel.
+        while thread.is_alive() and time.monotonic() < deadline:
+            try:
+                self.cancel()
+            except Exception as error:  # the SparkContext may be stopping too
+                logger.debug("Cancelling the warm-up job failed: %s", error)
+                break
+            thread.join(min(0.2, max(0.0, deadline - time.monotonic())))
+        thread.join(max(0.0, deadline - time.monotonic()))
+        with _lock:
+            _warmed.discard(self.context_id)
+
+
+def warm_up(spark: SparkSession) -> StartupWarmUp | None:
+    """Start warming ``spark`` up in a daemon thread, once per SparkContext; returns what stops
+    it (None when this context was warmed already)."""
     context = spark.sparkContext
     with _lock:
         if id(context) in _warmed:
             return None
         _warmed.add(id(context))
 
-    thread = threading.Thread(target=_run_warm_job, args=(spark, "the first batch starts cold"),
-                              name="batchline-warm-up", daemon=True)
-    thread.start()
-    return thread
+    warming = StartupWarmUp(id(context), lambda: context.cancelJobGroup(JOB_GROUP))
+    warming.thread = threading.Thread(target=_run_warm_job, args=(spark, "the first batch starts cold",
+                                                                  warming.stopping),
+                                      name="batchline-warm-up", daemon=True)
+    warming.thread.start()
+    return warming
 
 
-def _run_warm_job(spark: SparkSession, if_failed: str) -> None:
-    """One task per core that imports what a stateful task imports; a failure is only logged."""
+def _run_warm_job(spark: SparkSession, if_failed: str, stopping: threading.Event | None = None) -> None:
+    """One task per core that imports what a stateful task imports; a failure is only logged,
+    and a cancel by ``stopping`` not even as a failure."""
+    if stopping is not None and stopping.is_set():
+        return
     context = spark.sparkContext
     began = time.perf_counter()
     try:
@@ -78,7 +117,16 @@ def _run_warm_job(spark: SparkSession, if_failed: str) -> None:
         spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "rows long").collect()
         logger.debug("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
     except Exception as error:  # only a head start: the batches do the same work anyway
-        logger.info("Warming Spark up failed (%s); %s", error, if_failed)
+        if stopping is not None and stopping.is_set():
+            logger.debug("Warming Spark up was cancelled: the pipeline stopped (%s)", _first_line(error))
+        else:
+            logger.info("Warming Spark up failed (%s); %s", _first_line(error), if_failed)
+
+
+def _first_line(error: BaseException) -> str:
+    """An error's first line: a Spark job's error carries the JVM's stack trace after it."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
 
 
 class KeepWorkersWarm(StreamingListener):
@@ -107,9 +155,11 @@ class KeepWorkersWarm(StreamingListener):
 
     @classmethod
     def for_session(cls, spark: SparkSession) -> KeepWorkersWarm:
-        return cls(lambda: _run_warm_job(spark, "the next batch with work may start cold"),
-                   lambda: time.monotonic_ns() // 1_000_000,
-                   cancel=lambda: spark.sparkContext.cancelJobGroup(JOB_GROUP))
+        keeper = cls(lambda: None, lambda: time.monotonic_ns() // 1_000_000,
+                     cancel=lambda: spark.sparkContext.cancelJobGroup(JOB_GROUP))
+        # A warm-up that stop cancels is logged as cancelled, not as failed.
+        keeper._warm = lambda: _run_warm_job(spark, "the next batch with work may start cold", keeper._stopped)
+        return keeper
 
     def on_progress(self, progress: BatchProgress) -> None:
         if progress.records or any(operator.keys_called for operator in progress.state_operators):

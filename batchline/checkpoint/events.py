@@ -269,6 +269,10 @@ class JobEventStore:
         for partition in range(partitions):
             self.storage.delete(_finished(batch_time, operator, generation, partition))
 
+    def forget_partition_finished(self, batch_time: int, operator: str, generation: int, partition: int) -> None:
+        """Delete one partition's finish record of a batch: it runs again (what it stored cannot be read back)."""
+        self.storage.delete(_finished(batch_time, operator, generation, partition))
+
     # ---------------------------------------------------------------- clean-up
     def purge_before(self, threshold_time: int) -> int:
         """Delete the records of batches older than ``threshold_time`` (metadata stays bounded,

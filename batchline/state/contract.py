@@ -126,6 +126,9 @@ class BatchParams:
     behind: Mapping[int, int | None] = field(default_factory=dict)
     """Partitions whose newest version is older than ``prev_version`` because they sat batches
     out: partition to that version (None: the newest below this batch, after a restart)."""
+    left_out: tuple[int, ...] = ()
+    """Partitions a restart kept: their rows were left out of the batch's shuffle, so their
+    tasks have only the output they stored to give, and must never run the function instead."""
 
     def version_of(self, partition: int) -> int | None:
         """The version ``partition`` builds on."""
@@ -136,7 +139,7 @@ class BatchParams:
                 "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished,
                 "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions),
                 "idle_partitions": list(self.idle_partitions), "skip": self.skip,
-                "behind": {str(p): v for p, v in sorted(self.behind.items())}}
+                "behind": {str(p): v for p, v in sorted(self.behind.items())}, "left_out": list(self.left_out)}
 
     @classmethod
     def from_json(cls, payload: Any) -> BatchParams:
@@ -169,16 +172,17 @@ class BatchParams:
         idle = payload.get("idle_partitions", [])
         behind = payload.get("behind", {})
         skip = payload.get("skip", False)
+        left_out = payload.get("left_out", [])
         if (not isinstance(end, bool) or not isinstance(finished, list) or not isinstance(idle, list)
-                or not isinstance(behind, dict) or not isinstance(skip, bool)):
+                or not isinstance(behind, dict) or not isinstance(skip, bool) or not isinstance(left_out, list)):
             raise ConfigurationError(
                 f"batch parameters {payload!r} have a malformed 'end_of_input', 'finished_partitions', "
-                "'idle_partitions', 'skip' or 'behind'; the driver and the workers run different batchline "
+                "'idle_partitions', 'skip', 'behind' or 'left_out'; the driver and the workers run different batchline "
                 "versions. Install the same version on both and restart"
             )
         return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep, end,
                    tuple(int(p) for p in finished), tuple(int(p) for p in idle), skip,
-                   {int(p): None if v is None else int(v) for p, v in behind.items()})
+                   {int(p): None if v is None else int(v) for p, v in behind.items()}, tuple(int(p) for p in left_out))
 
 
 _ABSENT = object()

@@ -53,6 +53,7 @@ from batchline.state.store import (
     SNAPSHOT,
     DamagedStateFileError,
     FileHeader,
+    KeptOutputLostError,
     PartitionData,
     StateStore,
     StateVersionError,
@@ -451,20 +452,28 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
 def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, notes: list[str]
                      ) -> tuple[PartitionFinished, pa.Table] | None:
     """A partition that recorded its finish of this batch (before a driver crash, or in an
-    earlier attempt of this task) keeps it: its output is read back, its delta is written. A
-    kept output that is gone or damaged is not needed: the partition runs the batch again from
-    the state before it (the same input gives the same output and delta), with a WARN."""
+    earlier attempt of this task) keeps it: its output is read back, its delta is written.
+    One whose output cannot be read back runs again, if its rows came to it: a partition the
+    restart kept (its rows left out of the shuffle) fails instead of losing them."""
     if spec.journal is None or not params.keep_finished:
         return None
     record = spec.journal.finished(params.batch_time, spec.operator, spec.generation, partition)
     if record is None:
         return None
+    problem = None
     try:
         table = spec.store.read_version(spec.generation, partition, params.batch_time, OUTPUT).table
-    except (FileNotFoundError, DamagedStateFileError) as error:
-        problem = error.problem if isinstance(error, DamagedStateFileError) else "it is gone"
+    except DamagedStateFileError as error:
+        problem = error.path, error.problem
+    except (FileNotFoundError, StateVersionError):
+        problem = spec.store.file_location(spec.generation, partition, params.batch_time, OUTPUT), "it is missing"
+    if problem is not None:
+        where, why = problem
+        if partition in params.left_out:
+            raise KeptOutputLostError(spec.operator, partition, params.batch_time, where, why)
         note = (f"partition {partition} of operator {spec.operator!r} recorded its finish of batch "
-                f"{params.batch_time}, but its kept output is unusable ({problem}); running the partition again")
+                f"{params.batch_time}, but its output {where} cannot be read back ({why}); running it again on its "
+                "rows, which came to it")
         logger.warning("%s", note)
         notes.append(note)
         return None

@@ -20,7 +20,7 @@ from batchline.scheduler.job import FailedIn, Job, JobKind
 from batchline.scheduler.retry import error_chain
 from batchline.state.contract import BatchParams, StateFunctionError, Stats
 from batchline.state.operator_batch import OperatorBatch, Started
-from batchline.state.store import DamagedStateFileError
+from batchline.state.store import DamagedStateFileError, KeptOutputLostError
 
 __all__ = ["InOutputJob", "FusedOperator"]
 
@@ -85,7 +85,7 @@ class InOutputJob:
             missing = MissingBatchParamsError.carried_in(cause)
             if missing is not None and missing.operator == operator.name:
                 return missing
-            damaged = DamagedStateFileError.carried_in(cause)
+            damaged = DamagedStateFileError.carried_in(cause) or KeptOutputLostError.carried_in(cause)
             if damaged is not None:
                 return FailedIn(self._naming_job(batch_time), damaged)
         batch = operator.batch(batch_time)

@@ -32,7 +32,7 @@ from batchline.state.contract import (
     with_batch_params,
 )
 from batchline.state.execution import spark_task
-from batchline.state.store import DamagedStateFileError, StateMetadata, StateStore
+from batchline.state.store import DamagedStateFileError, KeptOutputLostError, StateMetadata, StateStore
 
 __all__ = [
     "DEFAULT_STATE_PARTITIONS",
@@ -89,12 +89,14 @@ def run_batch_job(spark_context: SparkContext, operator: str, params: BatchParam
     """Evaluate the operator's DataFrame of ``params.batch_time`` with its parameters
     published to the tasks. A failure of the state function raises ``StateFunctionError``
     (with the key and the task's Python traceback), a damaged state file ``DamagedStateFileError``
+    (naming it), a kept partition whose output cannot be read back ``KeptOutputLostError``
     (naming it); any other failure is raised as it is."""
     publish_batch_params(spark_context, operator, params)
     try:
         df.count()
     except Exception as error:
-        failure = StateFunctionError.carried_in(error) or DamagedStateFileError.carried_in(error)
+        failure = (StateFunctionError.carried_in(error) or DamagedStateFileError.carried_in(error)
+                   or KeptOutputLostError.carried_in(error))
         if failure is None:
             raise
         raise failure from None

@@ -57,7 +57,7 @@ from batchline.state.operator import (
 from batchline.state.operator_batch import OperatorBatch, Started
 from batchline.state.placement import marker_frame, placement, shuffle_to_partitions
 from batchline.state.schema import RowSchema
-from batchline.state.store import OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
+from batchline.state.store import DELTA, OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
 from batchline.streams.base import Watermark
 
@@ -485,7 +485,8 @@ class StatefulRuntime(StreamRuntime):
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
                              keep_finished=not batch.rerun_whole, end_of_input=fire,
-                             finished_partitions=tuple(sorted(self._drained)), behind=dict(self._behind))
+                             finished_partitions=tuple(sorted(self._drained)), behind=dict(self._behind),
+                             left_out=tuple(sorted(batch.kept)))
         if self.finished_before(batch_time):
             # Drained in an earlier batch, which ended after this one's job was built: publish
             # parameters under which every task does nothing, for outputs that still read it.
@@ -611,16 +612,32 @@ class StatefulRuntime(StreamRuntime):
             events.forget_finished(batch_time, self.name, generation, partitions)
             self._part_of(batch_time).rerun_whole = True
             return
-        # Only a partition whose output is there to be read back keeps its work, and leaves its
-        # rows out of the re-run's shuffle.
         kept = [p for p in range(partitions) if events.finished(batch_time, self.name, generation, p) is not None
-                and self._files.has_version(generation, p, batch_time, OUTPUT)]
+                and self._keepable(batch_time, generation, p)]
         if kept:
             self._part_of(batch_time).kept = frozenset(kept)
             logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
                         format_batch_time(batch_time), len(kept), partitions, self.name, partitions - len(kept))
             logger.info("Batch %s: the rows of the kept partitions %s of operator %r are left out of its shuffle",
                         format_batch_time(batch_time), kept, self.name)
+
+    def _keepable(self, batch_time: int, generation: int, partition: int) -> bool:
+        """Whether a partition that recorded its finish of the batch can keep it: its rows will be
+        left out of the shuffle, so its delta and its output must both read back whole (checksum
+        and all), or the rows would be lost. One that cannot runs again whole: its finish record
+        is deleted, so no task of the re-run takes what it left for finished, and the re-run
+        writes its delta and output over the ones there (a version is written whole or rewritten,
+        and loading the version before it never reads them: nothing is applied twice)."""
+        for kind in (DELTA, OUTPUT):
+            problem = self._files.read_problem(generation, partition, batch_time, kind)
+            if problem is not None:
+                where, why = problem
+                logger.warning("Batch %s: partition %d of operator %r recorded its finish before the restart, but "
+                               "its %s %s cannot be read back: %s. It runs again whole, its rows shuffled to it",
+                               format_batch_time(batch_time), partition, self.name, kind.value, where, why)
+                self._checkpoint.events.forget_partition_finished(batch_time, self.name, generation, partition)
+                return False
+        return True
 
     def verify(self, batch_time: int) -> None:
         """Every state partition ran: a partition that did not would lose its keys' batch."""

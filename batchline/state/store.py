@@ -53,7 +53,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
-from batchline.errors import BatchlineError, DamagedFileError
+from batchline.errors import BatchlineError, CarriedError, DamagedFileError
 from batchline.state.entries import (
     KEY_PREFIX,
     STATE_PREFIX,
@@ -68,6 +68,7 @@ from batchline.state.schema import RowSchema, as_python
 __all__ = [
     "DELTA",
     "OUTPUT",
+    "KeptOutputLostError",
     "SNAPSHOT",
     "STATE_DIR",
     "FileHeader",
@@ -120,6 +121,29 @@ class DamagedStateFileError(DamagedFileError):
     kind = "state file"
     consequence = "batchline stops rather than go on with state it cannot verify"
     remedy = "start the operator afresh from a new checkpoint location (its state is lost)"
+
+
+class KeptOutputLostError(CarriedError):
+    """A partition a restart kept (its rows were left out of the re-run batch's shuffle) cannot
+    read back the output it stored: running its function now would see none of its rows and
+    lose them. Not retryable (a retry gets the same shuffle); the next start finds the output
+    unreadable before it decides what to keep, and runs the partition again whole."""
+
+    retryable = False
+    attributes = ("operator", "partition", "batch_time", "path", "problem")
+
+    def __init__(self, operator: str, partition: int, batch_time: int, path: str, problem: str,
+                 carry: bool = True) -> None:
+        self.operator = operator
+        self.partition = partition
+        self.batch_time = batch_time
+        self.path = path
+        self.problem = problem
+        super().__init__(
+            f"partition {partition} of operator {operator!r} was kept from before the restart in batch {batch_time} "
+            f"(its rows were left out of the batch's shuffle), but its stored output {path} can no longer be read: "
+            f"{problem}. Nothing was written for the batch. Start the pipeline again: the restart finds the output "
+            "unreadable and runs the partition again whole", carry)
 
 
 # -------------------------------------------------------------------- records
@@ -325,6 +349,22 @@ class StateStore(abc.ABC):
         """Where one version file is (or would be), for messages."""
         return f"{self.partition_location(generation, partition)}/{_file_name(version, kind)}"
 
+    def read_problem(self, generation: int, partition: int, version: int, kind: str) -> tuple[str, str] | None:
+        """Where that version file is and why it cannot be read back whole (missing, damaged,
+        not batchline's, unreadable); None when it reads whole. It reads the file, checksum
+        and all: asked only of the few files a restart means to trust without writing them again."""
+        where = self.file_location(generation, partition, version, kind)
+        try:
+            self.read_version(generation, partition, version, kind)
+        except (FileNotFoundError, StateVersionError):
+            return where, "it is missing"
+        except DamagedStateFileError as error:
+            return error.path, error.problem
+        except (StateStoreError, OSError) as error:
+            # Whatever the reason, the file is not one to build on: running again is exact.
+            return where, f"it cannot be read ({error})"
+        return None
+
     def purge(self, generation: int, partition: int, retain: int, committed_through: int | None = None) -> int:
         """Delete files no longer needed to load the newest ``retain`` versions: everything
         below the newest snapshot at or under the oldest retained version; and the outputs of
@@ -505,6 +545,9 @@ class FileStateStore(StateStore):
 
     def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
         return self.storage.exists(self._path(generation, partition, version, kind))
+
+    def file_location(self, generation: int, partition: int, version: int, kind: str) -> str:
+        return self.storage.full_url(self._path(generation, partition, version, kind))
 
     def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
         self.storage.delete(self._path(generation, partition, version, kind))

@@ -5,12 +5,16 @@ and wired into a running context at the end."""
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
 
 from batchline import StreamingContext
-from batchline.api.warmup import DEFAULT_KEEP_WARM_MS, KeepWorkersWarm
+from batchline.api import warmup
+from batchline.api.warmup import DEFAULT_KEEP_WARM_MS, JOB_GROUP, KeepWorkersWarm
 from batchline.clock import ManualClock
 from batchline.scheduler.progress import COMPLETED, BatchProgress, InputProgress, StateOperatorProgress
+from tests.helpers import poll_until
 
 
 def progress(clock: ManualClock, records: int = 0, keys_called: int = 0) -> BatchProgress:
@@ -114,3 +118,47 @@ def test_a_context_keeps_workers_warm_until_it_stops_unless_told_not_to(spark):
         finally:
             ssc.stop()
         assert not any(t.is_alive() for t in started)
+
+
+def _cold_warm_task(batches):
+    """The start-up warm-up's task as on a cold start, slowed down: it is still running when
+    the pipeline stops (forking workers and importing takes seconds on a cold JVM)."""
+    import time
+
+    time.sleep(60)
+    yield from warmup._warm_task(batches)
+
+
+def test_a_pipeline_stopped_right_after_its_start_cancels_its_warm_up_quietly(spark, tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(warmup, "_warmed", set())  # the suite's session was warmed by an earlier test
+    monkeypatch.setattr(warmup, "_warm_task", _cold_warm_task)
+    tracker = spark.sparkContext.statusTracker()
+
+    def warm_up_jobs() -> list[int]:
+        return [j for j in tracker.getJobIdsForGroup(JOB_GROUP) if (info := tracker.getJobInfo(j)) is not None
+                and info.status == "RUNNING"]
+
+    before = {t for t in threading.enumerate() if t.name == "batchline-warm-up"}
+    with caplog.at_level(logging.DEBUG):
+        ssc = StreamingContext(spark, "1s", checkpoint=str(tmp_path / "checkpoint"))
+        ssc.generator_stream(1, partitions=1, name="events").foreach_batch(lambda df, t: None, name="out")
+        ssc.start()
+        began = time.monotonic()
+        try:
+            assert poll_until(warm_up_jobs, 10, 0.05), "the start-up warm-up job did not start"
+            warming = [t for t in threading.enumerate() if t.name == "batchline-warm-up" and t not in before]
+            assert warming, "the context started no warm-up thread"
+        finally:
+            ssc.stop(graceful=False)
+        stopped_in = time.monotonic() - began
+        for thread in warming:
+            thread.join(20)
+    assert stopped_in < 10, f"the stop took {stopped_in:.1f} s"
+    # The stop cancelled the warm-up: nothing of it runs on once the pipeline has stopped.
+    assert not any(t.is_alive() for t in warming), "the warm-up still runs after the pipeline stopped"
+    assert poll_until(lambda: not warm_up_jobs(), 10, 0.05), f"warm-up jobs still running: {warm_up_jobs()}"
+    errors = [f"{r.levelname} {r.name}: {r.getMessage()}" for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, errors
+    said = [r for r in caplog.records if r.name == "batchline.api.warmup"]
+    assert [r.levelno for r in said] == [logging.DEBUG] and "cancelled" in said[0].getMessage(), \
+        [(r.levelname, r.getMessage()) for r in said]

@@ -141,4 +141,4 @@ def test_a_finished_partition_whose_kept_output_is_damaged_runs_again_exactly_an
         kept.unlink()
     again_out, stats = Worker(spec).run(params, [("a", 1), ("b", 2)], 3)
     assert again_out == first_out and calls == ["a", "b", "a", "b"]  # run again from the state before it
-    assert any("kept output is unusable" in w and "running the partition again" in w for w in stats.warnings)
+    assert any("cannot be read back" in w and "running it again" in w for w in stats.warnings)

@@ -472,3 +472,24 @@ def test_a_finished_partition_is_kept_its_output_read_back_and_a_fenced_driver_r
     with pytest.raises(FencedError, match="lost its lease"):
         Worker(spec).run(BatchParams(2000, 1000, token - 1, None), [("a", 1)], 3)
     assert journal.finished(2000, spec.operator, 0, 3) is None
+
+
+@pytest.mark.parametrize("kind", ["memory", "file-local"])
+def test_read_problem_says_where_a_version_file_is_and_why_it_cannot_be_read_back(tmp_path, kind):
+    store = MemoryStateStore("op") if kind == "memory" else FileStateStore.open(str(tmp_path), "op")
+    write(store, 1000, DELTA, ("a", (1, 1), None))
+    assert store.read_problem(0, 0, 1000, DELTA) is None
+    where, why = store.read_problem(0, 0, 2000, DELTA)
+    assert where.endswith("000000000002000.delta.arrow") and why == "it is missing"
+    if kind == "file-local":
+        path = tmp_path / "state" / "op" / "g0" / "p00000" / "000000000001000.delta.arrow"
+        assert store.file_location(0, 0, 1000, DELTA) == str(path)
+        path.write_bytes(path.read_bytes()[:10])
+        where, why = store.read_problem(0, 0, 1000, DELTA)
+        assert where == str(path) and "cut short" in why
+
+
+def test_batch_params_carry_the_partitions_left_out_of_the_shuffle():
+    params = BatchParams(batch_time=3000, prev_version=2000, token=7, watermark_ms=None, left_out=(1, 3))
+    assert BatchParams.from_json(params.to_json()) == params
+    assert BatchParams.from_json({k: v for k, v in params.to_json().items() if k != "left_out"}).left_out == ()
