@@ -45,6 +45,7 @@ class GroupLeader:
     ``timeout`` starts a command; its stdout and stderr read as they come."""
 
     def __init__(self, incoming: Path, out: Path, checkpoint: Path) -> None:
+        self.log = checkpoint.parent / "driver-stderr.txt"
         self.process = subprocess.Popen([sys.executable, str(DRIVER), str(incoming), str(out), str(checkpoint)],
                                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                         text=True, start_new_session=True,
@@ -93,6 +94,7 @@ class GroupLeader:
             self.process.wait()
         for reader in self._readers:
             reader.join(10)
+        self.log.write_text(self.stderr)  # to read after a failure: the assertions show only its end
         return code
 
     def _jvm_groups(self) -> set[int]:
