@@ -133,12 +133,7 @@ def test_sigterm_to_the_drivers_process_group_stops_it_gracefully_and_a_restart_
     assert restarted_output(inputs, out, checkpoint) == ALL_IDS
 
 
-def test_a_killed_jvm_ends_the_driver_with_one_clear_error_and_a_restart_resumes_exactly(tmp_path, inputs):
-    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
-    driver = GroupLeader(inputs, out, checkpoint)
-    driver.wait_for_batches(3)
-    os.kill(driver.jvm_pid(), signal.SIGKILL)
-    code = driver.exit_code(EXIT_WITHIN_S)
+def assert_ended_with_one_clear_error(driver: GroupLeader, code: int | None, checkpoint: Path) -> None:
     assert code is not None, f"the driver did not exit within {EXIT_WITHIN_S} s:\n" + driver.stderr[-5000:]
     assert code != 0, driver.stderr[-5000:]
     errors = [line for line in driver.err if " ERROR batchline." in line]
@@ -153,4 +148,27 @@ def test_a_killed_jvm_ends_the_driver_with_one_clear_error_and_a_restart_resumes
     assert status.last_stop is not None and status.last_stop.how == "failed", status.describe()
     assert "the Spark JVM is gone" in (status.last_stop.reason or ""), status.describe()
 
+
+def test_a_killed_jvm_ends_the_driver_with_one_clear_error_and_a_restart_resumes_exactly(tmp_path, inputs):
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    driver = GroupLeader(inputs, out, checkpoint)
+    driver.wait_for_batches(3)
+    os.kill(driver.jvm_pid(), signal.SIGKILL)
+    assert_ended_with_one_clear_error(driver, driver.exit_code(EXIT_WITHIN_S), checkpoint)
+
     assert restarted_output(inputs, out, checkpoint) == ALL_IDS
+
+
+def test_sigterm_to_the_driver_and_its_jvm_at_once_ends_the_graceful_stop_with_the_clear_error(tmp_path, inputs):
+    """What a service manager's default does (systemd's KillMode=control-group signals every
+    process of the service): the JVM's shutdown hook stops Spark under the graceful stop the
+    driver began. The stop ends as failed, within seconds, and says so once."""
+    out, checkpoint = tmp_path / "out", tmp_path / "checkpoint"
+    driver = GroupLeader(inputs, out, checkpoint)
+    driver.wait_for_batches(3)
+    # The JVM first: the batches the graceful stop waits for then need a Spark that is stopping.
+    os.kill(driver.jvm_pid(), signal.SIGTERM)
+    driver.process.send_signal(signal.SIGTERM)
+    code = driver.exit_code(EXIT_WITHIN_S)
+    assert "Stopping gracefully on SIGTERM" in driver.stderr, driver.stderr[-5000:]
+    assert_ended_with_one_clear_error(driver, code, checkpoint)
