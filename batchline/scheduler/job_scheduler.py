@@ -101,7 +101,9 @@ class JobScheduler:
 
     @property
     def retry(self) -> RetryPolicy:
-        return self.settings.retry
+        # Asked after a batch failed: when Spark went away, no run of it can succeed, and the
+        # pipeline stops for that; a retry would only announce a wait that the stop cuts short.
+        return RetryPolicy.never() if spark_gone(self._spark) is not None else self.settings.retry
 
     @property
     def overlap_commits(self) -> bool:
