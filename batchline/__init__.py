@@ -10,6 +10,7 @@ from batchline.errors import (
     ConfigurationError,
     ContextStateError,
     NoOutputOperationError,
+    SparkGoneError,
 )
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.progress import BatchProgress
@@ -48,6 +49,7 @@ __all__ = [
     "SinkContext",
     "Source",
     "SourceBatch",
+    "SparkGoneError",
     "Stream",
     "StreamingContext",
     "StreamingListener",

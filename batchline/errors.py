@@ -14,7 +14,9 @@ __all__ = [
     "NoOutputOperationError",
     "ContextStateError",
     "BatchFailedError",
+    "SparkGoneError",
     "short_cause",
+    "error_text",
     "SourceError",
     "SinkError",
     "JavaNotFoundError",
@@ -113,7 +115,7 @@ class CarriedError(BatchlineError):
         attributes in its message); else None."""
         if isinstance(error, cls):
             return error if not error.carry else cls(**error.attribute_values(), carry=False)
-        for found in _CARRIED.finditer(str(error)):
+        for found in _CARRIED.finditer(error_text(error)):
             try:
                 payload = json.loads(found.group(1))
             except ValueError:
@@ -209,9 +211,37 @@ class BatchFailedError(BatchlineError):
         )
 
 
+class SparkGoneError(BatchlineError):
+    """The Spark the pipeline runs on went away under it (its JVM killed or exited, the
+    connection to it refused, its SparkContext stopped): nothing can run or commit any more.
+    What was committed stays committed; a new start resumes from the checkpoint."""
+
+    retryable = False
+
+    def __init__(self, why: str, last_committed: int | None, checkpointed: bool) -> None:
+        self.why = why
+        self.last_committed = last_committed
+        done = (f"nothing after batch {format_batch_time(last_committed)} was committed" if last_committed is not None
+                else "no batch of this run was committed")
+        again = ("start the pipeline again: it resumes from its checkpoint" if checkpointed
+                 else "start the pipeline again (it has no checkpoint location, so it starts fresh)")
+        super().__init__(f"the Spark JVM is gone ({why}); {done}; {again}")
+
+
+def error_text(error: BaseException) -> str:
+    """``str(error)``, or its type's name when that fails or is empty. A Py4J error asks the
+    JVM for its text each time it is turned into a string: once the JVM is gone, ``str()``
+    raises (connection refused), so nothing on the way to a stop may call it unguarded."""
+    try:
+        text = str(error)
+    except Exception:  # noqa: BLE001 (the JVM that held the text is gone; the type still says what failed)
+        text = ""
+    return text or type(error).__name__
+
+
 def short_cause(cause: BaseException) -> str:
     """The useful first line of an error, without the JVM stack trace that Py4J appends."""
-    text = str(cause).strip() or type(cause).__name__
+    text = error_text(cause).strip() or type(cause).__name__
     if isinstance(cause, BatchlineError):
         return f"{type(cause).__name__}: {text}"  # written for people, with any Python traceback it carries
     first = text.splitlines()[0]

@@ -8,15 +8,19 @@ import re
 import shutil
 import subprocess
 import sys
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
+from pyspark import SparkConf, SparkContext
+from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
-from batchline.errors import ConfigurationError, JavaNotFoundError
+from batchline.errors import ConfigurationError, JavaNotFoundError, error_text
 from batchline.exclusion import ExcludeOnFailure, check_exclusion_conf, same_value, translate_legacy_conf
 
-__all__ = ["local_spark_session", "session_conf", "check_java", "REQUIRED_JAVA"]
+__all__ = ["local_spark_session", "session_conf", "check_java", "REQUIRED_JAVA", "spark_gone", "SparkWatch"]
 
 logger = logging.getLogger(__name__)
 
@@ -116,6 +120,7 @@ def local_spark_session(
         # A host name that resolves to a loopback address makes Spark warn and guess an interface;
         # a local master needs none but loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    _start_jvm_in_its_own_group(master, app_name, settings)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -129,6 +134,79 @@ def local_spark_session(
                        "session first (spark.stop()), or give them where it is created",
                        ", ".join(f"{key}={settings[key]}" for key in not_applied))
     return spark
+
+
+def _start_jvm_in_its_own_group(master: str, app_name: str, settings: Mapping[str, str]) -> None:
+    """Start Spark's JVM as PySpark would, but in a process group (session) of its own.
+
+    PySpark starts the JVM in the driver's process group, ignoring only SIGINT. A SIGTERM to
+    the whole group (GNU ``timeout``, ``kill -TERM -PGID``, a supervisor stopping the group)
+    then reaches the JVM too: its shutdown hook stops the SparkContext at once, under the
+    graceful stop the same signal asked batchline for, and nothing more can run or commit.
+    In a group of its own the JVM (and the executors and Python workers it starts) hears only
+    what is sent to it; the driver's graceful stop finishes and Spark stops when the driver
+    stops it or exits (the JVM ends when the driver's end of its stdin closes, as before).
+    Only when this process has no JVM yet, is not handed one (``PYSPARK_GATEWAY_PORT``) and
+    is not to use Spark Connect (PySpark then starts no JVM of the driver's)."""
+    if os.name != "posix" or "PYSPARK_GATEWAY_PORT" in os.environ or getattr(SparkContext, "_gateway", None):
+        return
+    api_mode = str(settings.get("spark.api.mode", os.environ.get("SPARK_API_MODE", ""))).lower()
+    if api_mode == "connect" or "spark.remote" in settings or {"SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"} & set(
+            os.environ):
+        return
+    conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
+    # The SparkContext takes the JVM started here; the builder below finds it and adds the session.
+    SparkContext(conf=conf, gateway=gateway)
+
+
+def spark_gone(spark: SparkSession) -> str | None:
+    """Why the Spark under ``spark`` is gone (its JVM exited or no longer answers, its
+    SparkContext stopped), or None while it runs. Never raises: it is asked on the way to a
+    stop, when whatever talks to the JVM may fail."""
+    context = spark.sparkContext
+    # The JVM PySpark started (None when it was handed a running one): its exit is final.
+    process = getattr(getattr(context, "_gateway", None), "proc", None)
+    if process is not None and (code := process.poll()) is not None:
+        return f"its process {process.pid} exited with code {code}"
+    java_context = getattr(context, "_jsc", None)
+    if java_context is None:
+        return "the SparkContext was stopped"
+    try:
+        stopped = java_context.sc().isStopped()
+    except (Py4JNetworkError, OSError) as error:
+        return f"connection to it refused: {error_text(error)}"
+    except Exception as error:  # noqa: BLE001 (an answer, so the JVM is there; anything else is not a stop)
+        logger.debug("Asking Spark whether its SparkContext is stopped failed: %s", error_text(error))
+        return None
+    return "the SparkContext was stopped" if stopped is True else None
+
+
+class SparkWatch:
+    """A thread that asks every ``interval_s`` whether Spark is gone (``spark_gone``) and, the
+    first time it is, calls ``on_gone`` with why. A pipeline whose inputs are quiet runs no
+    Spark job that would fail: without the watch it would go on as if nothing happened."""
+
+    def __init__(self, spark: SparkSession, on_gone: Callable[[str], None], interval_s: float = 1.0) -> None:
+        self._spark = spark
+        self._on_gone = on_gone
+        self._interval_s = interval_s
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="batchline-spark-watch", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+
+    def _watch(self) -> None:
+        while not self._closed.wait(self._interval_s):
+            why = spark_gone(self._spark)
+            if why is not None:
+                if not self._closed.is_set():  # a stop that stopped Spark itself closed the watch first
+                    self._on_gone(why)
+                return
 
 
 def _applied(running: str | None, wanted: str, key: str) -> bool:

@@ -27,7 +27,7 @@ from batchline.checkpoint.lease import LEASE_FILE
 from batchline.checkpoint.manager import CheckpointManager
 from batchline.checkpoint.model import Checkpoint
 from batchline.clock import Clock
-from batchline.errors import ConfigurationError, ContextStateError
+from batchline.errors import ConfigurationError, ContextStateError, SparkGoneError, error_text
 from batchline.observe.control import (
     StopHow,
     StopOutcome,
@@ -47,6 +47,7 @@ from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.listener import ListenerBus
 from batchline.scheduler.receiver_tracker import ReceiverTracker
+from batchline.spark import SparkWatch, spark_gone
 from batchline.state.store import STATE_DIR
 from batchline.streams import PipelineRuntime, RuntimeEnv, StreamGraph
 
@@ -56,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 _LISTENER_FLUSH_S = 5.0
 """How long a stop waits for listeners to handle the events of the last batches."""
+_SPARK_GONE_STOP_S = 15.0
+"""How long the stop after Spark went away may take before the wait for it ends regardless:
+nothing can commit any more, so nothing is lost by not waiting longer."""
 
 _LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -133,6 +137,10 @@ class PipelineRun:
         self._at_once = threading.Event()
         """A second signal (or ``stop_at_once``) cut a graceful stop short."""
         self._signals = 0
+        self._spark_watch: SparkWatch | None = None
+        self._gone: SparkGoneError | None = None
+        """Spark went away under the running pipeline: why, and what was committed before."""
+        self._gone_lock = threading.Lock()
         if settings.log_batches:
             self.listener_bus.add(BatchSummaryLogger())
 
@@ -171,6 +179,8 @@ class PipelineRun:
                 raise
             self.state = ContextState.ACTIVE
             self._started_at_ms = self.clock.now_ms()
+            self._spark_watch = SparkWatch(self.spark, self._spark_went_away)
+            self._spark_watch.start()
             if self.settings.keep_workers_warm:
                 self._keep_warm = KeepWorkersWarm.for_session(self.spark)
                 self.listener_bus.add(self._keep_warm)
@@ -200,7 +210,7 @@ class PipelineRun:
         if lease.token is not None:
             record_stop_outcome(self.checkpoints.storage, StopOutcome(
                 "", lease.holder, StopHow.FAILED.value, self.clock.now_ms(), None, [],
-                f"start refused: {str(error) or type(error).__name__}"))
+                f"start refused: {error_text(error)}"))
         self.checkpoints.close()
 
     def _open_checkpoints(self) -> Checkpoint | None:
@@ -353,6 +363,8 @@ class PipelineRun:
                 return
             self.state = ContextState.STOPPED
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
+        if self._spark_watch is not None:
+            self._spark_watch.close()
         if self._keep_warm is not None:
             self._keep_warm.stop()
         self._stop_warming()
@@ -374,19 +386,63 @@ class PipelineRun:
             # Listeners (the progress kept at the location among them) and whoever asked for the
             # stop hear of it while this driver still holds the lease.
             self.listener_bus.flush(_LISTENER_FLUSH_S)
-            self._answer_stop_requests(how, unfinished)
             try:
+                self._answer_stop_requests(how, unfinished)
                 if self.checkpoints is not None:
                     self.checkpoints.close()
             finally:
-                if self._adaptive is not None:
-                    self._adaptive.restore()
-                self.observers.stop()
-                self.listener_bus.close()
-                logger.info("Pipeline %s stopped (%s)", self.name, how.value)
-                self._terminated.set()
-                if stop_spark_session:
+                try:
+                    self._restore_adaptive()
+                    self.observers.stop()
+                    self.listener_bus.close()
+                finally:
+                    # Whatever a step above raised, the wait in await_termination ends.
+                    logger.info("Pipeline %s stopped (%s)", self.name, how.value)
+                    self._terminated.set()
+                if stop_spark_session and self._gone is None:
                     self.spark.stop()
+
+    def _restore_adaptive(self) -> None:
+        """The session's own adaptive setting back, unless Spark is gone (there is no session to
+        set it in, and asking would only raise)."""
+        if self._adaptive is None or self._gone is not None:
+            return
+        try:
+            self._adaptive.restore()
+        except Exception as error:
+            if spark_gone(self.spark) is None:
+                raise
+            logger.debug("Not restoring the adaptive setting: Spark is gone (%s)", error_text(error))
+
+    def _spark_went_away(self, why: str) -> None:
+        """Spark went away under the running pipeline (its JVM killed or exited, the SparkContext
+        stopped): nothing can run or commit any more. Said once, as the error the run ends with;
+        the stop runs at once (cutting short a graceful one under way), and the wait in
+        ``await_termination`` ends within ``_SPARK_GONE_STOP_S`` whatever a step of it finds.
+        What was committed is in the checkpoint, so the next start resumes exactly."""
+        with self._gone_lock:
+            if self._gone is not None:
+                return
+            gone = self._gone = SparkGoneError(
+                why, self.commit.last_committed if self.commit is not None else None, self.checkpoints is not None)
+        self.error = gone  # what failed after it failed because of it
+        logger.error("%s", gone)
+        if self._spark_watch is not None:
+            self._spark_watch.close()
+        self._at_once.set()
+        if self.generator is not None:
+            self.generator.cut_short()
+        threading.Thread(target=self._stop_without_spark, name="batchline-stop-spark-gone", daemon=True).start()
+
+    def _stop_without_spark(self) -> None:
+        try:
+            self.stop(graceful=False)  # returns at once when a stop is under way: _at_once cuts that one short
+        except Exception as error:  # noqa: BLE001 (the run's error is already said: Spark is gone)
+            logger.debug("The stop after Spark went away failed: %s", error_text(error))
+        if not self._terminated.wait(_SPARK_GONE_STOP_S):
+            logger.warning("The stop did not end %.0f s after Spark went away; ending the wait for it (nothing "
+                           "uncommitted can commit any more)", _SPARK_GONE_STOP_S)
+            self._terminated.set()
 
     def _pipeline_finished(self, batch_time: int) -> None:
         """Every output's stream finished as of ``batch_time`` (committed): stop, then write the
@@ -414,6 +470,10 @@ class PipelineRun:
 
     def _fail(self, error: BaseException) -> None:
         """A batch or the generator failed: remember the error and stop without waiting."""
+        why = spark_gone(self.spark)
+        if why is not None:  # it failed because Spark went away: that is the error to tell
+            self._spark_went_away(why)
+            return
         if self.error is None:
             self.error = error
         threading.Thread(target=self.stop, kwargs={"graceful": False}, name="batchline-stop-on-error",
@@ -446,7 +506,8 @@ class PipelineRun:
     def _report_stop(self, request_id: str, how: StopHow, unfinished: list[int]) -> None:
         if self.checkpoints is None:
             return
-        reason = (str(self.error) or type(self.error).__name__) if how is StopHow.FAILED and self.error else None
+        # Not str(): a Py4J error asks the JVM for its text, and the JVM may be gone.
+        reason = error_text(self.error) if how is StopHow.FAILED and self.error else None
         record_stop_outcome(self.checkpoints.storage, StopOutcome(
             request_id, self.checkpoints.lease.holder, how.value, self.clock.now_ms(),
             self.commit.last_committed if self.commit is not None else None, unfinished, reason))

@@ -17,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from batchline.clock import Clock
 from batchline.scheduler.listener import ExcludedExecutor
+from batchline.spark import spark_gone
 
 __all__ = ["ExecutorMonitor", "ExecutorStatus", "executor_statuses"]
 
@@ -44,6 +45,17 @@ def executor_statuses(spark: SparkSession) -> list[ExecutorStatus]:
     return statuses
 
 
+def _statuses_unless_gone(spark: SparkSession) -> list[ExecutorStatus] | None:
+    """``executor_statuses``, or None when Spark went away (its executors with it): the
+    pipeline stops for that and says so once; the batch's record goes without them."""
+    try:
+        return executor_statuses(spark)
+    except Exception:
+        if spark_gone(spark) is not None:
+            return None
+        raise
+
+
 class ExecutorMonitor:
     """Reports the excluded executors, WARNs when one is excluded and when one comes back.
 
@@ -51,7 +63,7 @@ class ExecutorMonitor:
     saw it excluded: the end of the batch in which it was.
     """
 
-    def __init__(self, statuses: Callable[[], list[ExecutorStatus]], clock: Clock) -> None:
+    def __init__(self, statuses: Callable[[], list[ExecutorStatus] | None], clock: Clock) -> None:
         self._statuses = statuses
         self._clock = clock
         self._lock = threading.Lock()
@@ -59,12 +71,14 @@ class ExecutorMonitor:
 
     @classmethod
     def of(cls, spark: SparkSession, clock: Clock) -> ExecutorMonitor:
-        return cls(lambda: executor_statuses(spark), clock)
+        return cls(lambda: _statuses_unless_gone(spark), clock)
 
     def excluded(self) -> list[ExcludedExecutor]:
         now = self._clock.now_ms()
         statuses = self._statuses()
         with self._lock:
+            if statuses is None:  # Spark is gone: what was known stays, nothing is said of it
+                return sorted(self._excluded.values(), key=lambda e: e.since_ms)
             live = {status.executor_id for status in statuses}
             for status in statuses:
                 if status.excluded and status.executor_id not in self._excluded:

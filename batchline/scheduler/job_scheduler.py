@@ -19,9 +19,11 @@ from pyspark.sql import SparkSession
 
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
+from batchline.errors import error_text
 from batchline.scheduler.batch_run import BatchRun
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.retry import RetryPolicy
+from batchline.spark import spark_gone
 
 __all__ = ["JobScheduler", "SchedulerSettings"]
 
@@ -99,7 +101,9 @@ class JobScheduler:
 
     @property
     def retry(self) -> RetryPolicy:
-        return self.settings.retry
+        # Asked after a batch failed: when Spark went away, no run of it can succeed, and the
+        # pipeline stops for that; a retry would only announce a wait that the stop cuts short.
+        return RetryPolicy.never() if spark_gone(self._spark) is not None else self.settings.retry
 
     @property
     def overlap_commits(self) -> bool:
@@ -132,7 +136,10 @@ class JobScheduler:
             self._committed.add(batch_time)
 
     def report_error(self, message: str, error: BaseException) -> None:
-        logger.error("%s: %s", message, error)
+        # When Spark went away, every batch and generation fails the same way after it: the
+        # pipeline says that once, as the reason it stops (``on_error`` hears of it).
+        gone = spark_gone(self._spark) is not None
+        logger.log(logging.DEBUG if gone else logging.ERROR, "%s: %s", message, error_text(error))
         self._lifecycle.error(error)
         self._on_error(error)
 
@@ -175,7 +182,12 @@ class JobScheduler:
         for batch_time, future in futures.items():
             if not future.cancel():
                 logger.info("Cancelling Spark jobs of batch %d", batch_time)
-                self._spark.sparkContext.cancelJobGroup(self._group_id(batch_time))
+                try:
+                    self._spark.sparkContext.cancelJobGroup(self._group_id(batch_time))
+                except Exception as error:  # noqa: BLE001 (Spark gone: its jobs went with it; the stop goes on)
+                    level = logging.DEBUG if spark_gone(self._spark) is not None else logging.WARNING
+                    logger.log(level, "Could not cancel the Spark jobs of batch %d (%s); the batch was not committed, "
+                                   "so the next start runs it", batch_time, error_text(error))
 
     def shutdown(self, graceful: bool) -> list[int]:
         """Stop running batches, so that none runs on once the checkpoint lease is given up.
