@@ -79,7 +79,7 @@ import numpy as np
 
 from benchmarks import joins_run, windows_profile
 from benchmarks.bounded import Side, SideProcess, batchline_figures, peer_figures, wait_until_idle
-from benchmarks.windows import compare, sort_rows
+from benchmarks.windows import compare, read_rows, sort_rows, without_marker
 
 BASE_MS = 1_800_000_000_000  # a whole minute
 MARKER_DELAY_MS = 86_400_000  # the markers: a day after the others
@@ -258,28 +258,6 @@ def held_rows(inputs: Inputs, files_per_batch: int) -> Held:
     return held
 
 
-# ------------------------------------------------------------------ the outputs
-def read_rows(directory: Path) -> np.ndarray:
-    """A side's parquet output as an int64 matrix of ``COLUMNS`` (times in epoch ms, null as NULL), sorted."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.dataset as ds
-
-    table = ds.dataset(str(directory), format="parquet").to_table(columns=list(COLUMNS))
-    columns = []
-    for name in COLUMNS:
-        column = table[name]
-        if pa.types.is_timestamp(column.type):
-            column = column.cast(pa.timestamp("ms")).cast(pa.int64())
-        columns.append(pc.fill_null(column, NULL).to_numpy().astype(np.int64))
-    return sort_rows(np.column_stack(columns) if table.num_rows else np.zeros((0, len(COLUMNS)), np.int64))
-
-
-def without_marker(rows: np.ndarray, marker_id: int) -> tuple[np.ndarray, int]:
-    keep = rows[:, 0] != marker_id
-    return rows[keep], int((~keep).sum())
-
-
 # ------------------------------------------------------------------ the state
 def state_figures(side: Side, inputs: Inputs, held: Held) -> dict[str, Any]:
     """batchline's largest ``state_bytes`` against the Arrow bytes of the rows held then, and
@@ -361,8 +339,8 @@ def bounded_case(how: str, inputs: Inputs, held: Held, input_dir: Path, args: ar
                           load_average_before=[round(x, 2) for x in sides[name].load_before])
         print(f"case {how}, {name}: {sides[name].wall_s:.2f} s from process start to exit", flush=True)
 
-    ours, marker_rows = without_marker(read_rows(sides["batchline"].output), inputs.marker_id)
-    theirs, peer_marker_rows = without_marker(read_rows(sides["peer"].output), inputs.marker_id)
+    ours, marker_rows = without_marker(read_rows(sides["batchline"].output, COLUMNS, NULL), inputs.marker_id)
+    theirs, peer_marker_rows = without_marker(read_rows(sides["peer"].output, COLUMNS, NULL), inputs.marker_id)
     compare("batchline", ours, want, "the direct computation", COLUMNS)
     compare("Structured Streaming", theirs, want, "the direct computation", COLUMNS)
     if (marker_rows, peer_marker_rows) != (1, 1):

@@ -291,9 +291,11 @@ CASES: dict[str, Case] = {
 
 
 # ------------------------------------------------------------------ the outputs
-def read_rows(directory: Path, names: tuple[str, ...] = COLUMNS) -> np.ndarray:
-    """A side's parquet output as an int64 matrix of ``names`` (timestamps in epoch ms), sorted."""
+def read_rows(directory: Path, names: tuple[str, ...] = COLUMNS, null: int | None = None) -> np.ndarray:
+    """A side's parquet output as an int64 matrix of ``names`` (timestamps in epoch ms; nulls
+    as ``null`` when given), sorted."""
     import pyarrow as pa
+    import pyarrow.compute as pc
     import pyarrow.dataset as ds
 
     table = ds.dataset(str(directory), format="parquet").to_table(columns=list(names))
@@ -302,8 +304,10 @@ def read_rows(directory: Path, names: tuple[str, ...] = COLUMNS) -> np.ndarray:
         column = table[name]
         if pa.types.is_timestamp(column.type):
             column = column.cast(pa.timestamp("ms")).cast(pa.int64())
+        if null is not None:
+            column = pc.fill_null(column, null)
         columns.append(column.to_numpy(zero_copy_only=False).astype(np.int64))
-    return sort_rows(np.column_stack(columns) if columns[0].size else np.zeros((0, len(names)), np.int64))
+    return sort_rows(np.column_stack(columns) if table.num_rows else np.zeros((0, len(names)), np.int64))
 
 
 def compare(name: str, got: np.ndarray, want: np.ndarray, want_name: str, columns: tuple[str, ...] = COLUMNS
