@@ -25,8 +25,6 @@ class OperatorProgress:
     """What a stateful operator must know again after a restart, as of a committed batch."""
 
     max_event_time_ms: int | None = None
-    input_max_event_time_ms: dict[int, int] = field(default_factory=dict)
-    """The newest event time per input, of an operator that reads several (a join)."""
     finished_partitions: tuple[int, ...] = ()
     """Partitions finished for good (their inputs ended and no timeout may fire)."""
     finished_after: int | None = None
@@ -36,6 +34,8 @@ class OperatorProgress:
     driver skips idle batches from the first; None when not known."""
     partitions_generation: int | None = None
     """The state generation ``partitions`` holds for (a rescale makes a new one)."""
+    input_max_event_time_ms: dict[int, int] = field(default_factory=dict)
+    """The newest event time per input, of an operator that reads several (a join)."""
 
     def to_json(self) -> dict[str, Any]:
         """The operator's own progress record: what it wrote, read back the same."""
