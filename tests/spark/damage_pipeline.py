@@ -80,6 +80,9 @@ class CountsRun:
         self.ssc.start()
         try:
             self.run_through(CRASH_AT)
+            # The failed batch may be recorded as completed (with its failure) before the
+            # pipeline's stop raises it: wait for the stop.
+            self.ssc.await_termination(60)
         except BatchFailedError as error:
             assert "the driver died after the output committed" in str(error), error
         else:
