@@ -78,8 +78,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks import joins_run, windows_profile
-from benchmarks.bounded import Side, SideProcess, batchline_figures, peer_figures, wait_until_idle
-from benchmarks.windows import compare, read_rows, sort_rows, without_marker
+from benchmarks.bounded import Side, SideProcess, batchline_figures, peer_figures
+from benchmarks.windows import compare, read_rows, run_sides, sort_rows, without_marker
 
 BASE_MS = 1_800_000_000_000  # a whole minute
 MARKER_DELAY_MS = 86_400_000  # the markers: a day after the others
@@ -328,16 +328,7 @@ def bounded_case(how: str, inputs: Inputs, held: Held, input_dir: Path, args: ar
                  ) -> dict[str, Any]:
     """Both sides of one case, each a fresh process after an idle wait; outputs compared."""
     want = expected_rows(inputs, how)
-    sides: dict[str, Side] = {}
-    idle: dict[str, Any] = {}
-    for name in ("batchline", "peer"):
-        idle[name] = {"skipped": True} if args.no_wait_idle else wait_until_idle(give_up_s=args.idle_give_up)
-        print(f"case {how}, {name}: running", flush=True)
-        sides[name] = Side(name, work, input_dir, args.files_per_batch, module="benchmarks.joins_run",
-                           extra=(how,), label=f"{how}-{name}")
-        idle[name].update(busy_during_run=sides[name].busy_during,
-                          load_average_before=[round(x, 2) for x in sides[name].load_before])
-        print(f"case {how}, {name}: {sides[name].wall_s:.2f} s from process start to exit", flush=True)
+    sides, idle = run_sides(how, "benchmarks.joins_run", input_dir, args, work)
 
     ours, marker_rows = without_marker(read_rows(sides["batchline"].output, COLUMNS, NULL), inputs.marker_id)
     theirs, peer_marker_rows = without_marker(read_rows(sides["peer"].output, COLUMNS, NULL), inputs.marker_id)

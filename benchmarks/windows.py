@@ -329,22 +329,30 @@ def without_marker(rows: np.ndarray, marker_key: int) -> tuple[np.ndarray, int]:
 
 
 # ------------------------------------------------------------------ a bounded run
+def run_sides(case: str, module: str, input_dir: Path, args: argparse.Namespace, work: Path
+              ) -> tuple[dict[str, Side], dict[str, Any]]:
+    """batchline's side, then its peer's, each a fresh process of ``module`` after an idle
+    wait: the sides and what the machine was doing around each."""
+    sides: dict[str, Side] = {}
+    idle: dict[str, Any] = {}
+    for name in ("batchline", "peer"):
+        idle[name] = {"skipped": True} if args.no_wait_idle else wait_until_idle(give_up_s=args.idle_give_up)
+        print(f"case {case}, {name}: running", flush=True)
+        sides[name] = Side(name, work, input_dir, args.files_per_batch, module=module, extra=(case,),
+                           label=f"{case}-{name}")
+        idle[name].update(busy_during_run=sides[name].busy_during,
+                          load_average_before=[round(x, 2) for x in sides[name].load_before])
+        print(f"case {case}, {name}: {sides[name].wall_s:.2f} s from process start to exit", flush=True)
+    return sides, idle
+
+
 def bounded_case(case: Case, events: dict[str, np.ndarray], input_dir: Path, args: argparse.Namespace,
                  work: Path) -> dict[str, Any]:
     """Both sides of one case, each a fresh process after an idle wait; outputs compared."""
     batch = batch_of_events(len(events["key"]), args.files, args.files_per_batch)
     real = {k: v[:-1] for k, v in events.items()}
     want = case.expected(real, batch[:-1])
-    sides: dict[str, Side] = {}
-    idle: dict[str, Any] = {}
-    for name in ("batchline", "peer"):
-        idle[name] = {"skipped": True} if args.no_wait_idle else wait_until_idle(give_up_s=args.idle_give_up)
-        print(f"case {case.name}, {name}: running", flush=True)
-        sides[name] = Side(name, work, input_dir, args.files_per_batch, module="benchmarks.windows_run",
-                           extra=(case.name,), label=f"{case.name}-{name}")
-        idle[name].update(busy_during_run=sides[name].busy_during,
-                          load_average_before=[round(x, 2) for x in sides[name].load_before])
-        print(f"case {case.name}, {name}: {sides[name].wall_s:.2f} s from process start to exit", flush=True)
+    sides, idle = run_sides(case.name, "benchmarks.windows_run", input_dir, args, work)
 
     ours, marker_rows = without_marker(read_rows(sides["batchline"].output, case.columns), args.keys)
     theirs, peer_marker_rows = without_marker(read_rows(sides["peer"].output, case.columns), args.keys)
