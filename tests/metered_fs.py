@@ -4,7 +4,8 @@ root would exceed ``limit_bytes``, for where a small tmpfs cannot be mounted (CI
 
 A write that does not fit writes what fits and then raises ``OSError(ENOSPC)``, as a full
 disk does. The limit holds for every process: usage is what is stored under the root, counted
-at each write, so the driver and Spark's Python workers see the same disk.
+at each write, so the driver and Spark's Python workers see the same disk. ``Meter.refuse``
+makes one chosen file's writes fail the same way, for a test of one write in particular.
 
 Spark's workers must know the protocol too: they open the checkpoint's storage from its URL
 and options, and the options carry a ``Meter`` (defined here), so unpickling them imports this
@@ -29,6 +30,26 @@ class Meter:
     root: str
     limit_bytes: int
 
+    @property
+    def _refusals(self) -> str:
+        # Beside the root, not in it: the checkpoint never sees (or counts) the markers.
+        return f"{self.root.rstrip('/')}.refusals"
+
+    def _marker(self, path: str) -> str:
+        return os.path.join(self._refusals, os.path.relpath(path, self.root).replace(os.sep, "%"))
+
+    def refuse(self, relative: str) -> None:
+        """Fail every write of ``relative`` (under the root) with ENOSPC, in every process, until
+        ``allow``: for a test that needs one chosen write to find the store full."""
+        os.makedirs(self._refusals, exist_ok=True)
+        open(self._marker(os.path.join(self.root, relative)), "wb").close()
+
+    def allow(self, relative: str) -> None:
+        os.unlink(self._marker(os.path.join(self.root, relative)))
+
+    def refuses(self, path: str) -> bool:
+        return os.path.exists(self._marker(path))
+
     def used(self) -> int:
         total = 0
         for directory, _, names in os.walk(self.root):
@@ -47,7 +68,7 @@ class _MeteredFile(LocalFileOpener):
 
     def write(self, data: Any) -> int:
         self.flush()  # what this handle wrote so far counts as stored
-        room = self._meter.limit_bytes - self._meter.used()
+        room = 0 if self._meter.refuses(self.path) else self._meter.limit_bytes - self._meter.used()
         if len(data) > room:
             if room > 0:
                 super().write(data[:room])

@@ -283,14 +283,12 @@ class BatchRun:
             started = clock.now_ms()
             try:
                 left = job.run()
-            except FailedIn as failure:
+            except BaseException as raised:
                 self._abandon_pending()
-                return failure.job, failure.cause
-            except BaseException as cause:
-                self._abandon_pending()
-                # A batchline error raised in a task (a damaged file it read) arrives as text in
-                # Spark's error: the batch fails with it, retried or not as it says.
-                return job, carried_error_in(cause) or cause
+                failed, cause = (raised.job, raised.cause) if isinstance(raised, FailedIn) else (job, raised)
+                # A batchline error raised in a task (a damaged file it read, a full store) arrives
+                # as text in Spark's error: the batch fails with it, retried or not as it says.
+                return failed, carried_error_in(cause) or cause
             finally:
                 lifecycle.job_finished(self.job_set, job, started, clock.now_ms())
             if left is not None:

@@ -127,6 +127,10 @@ class JobGenerator:
         self._in_flight: set[int] = set()
         self._backlog: _Backlog | None = None
         self._purged_before: int | None = None
+        self._generation_failed = False
+        """A batch's generation failed: the inputs' positions may include an allocation no batch
+        log holds (the log's write failed), and a checkpoint of them would make a restart skip
+        that data; none is written after it (the pipeline stops on that failure)."""
         self.zero_time: int | None = None
         self.last_processed_batch: int | None = None
         self.start_time: int | None = None
@@ -242,7 +246,7 @@ class JobGenerator:
 
     def _generate_queued(self) -> None:
         """Generate due batches, oldest first, while there is room."""
-        while self._queued and self._has_room():
+        while self._queued and self._has_room() and not self._generation_failed:
             self._generate_jobs(self._queued.popleft())
             if self._backlog is not None:
                 self._backlog.generated += 1
@@ -281,10 +285,11 @@ class JobGenerator:
             run = BatchRun.generate(time, self._batches, self._input_info, self._clock,
                                     self.on_batch_committed)
         except Exception as error:
+            self._generation_failed = True
             self._report_error(f"Error generating jobs for time {time}", error)
-        else:
-            self._in_flight.add(time)
-            self._submit(run)
+            return
+        self._in_flight.add(time)
+        self._submit(run)
         # Queued, not taken here: generating a backlog of due batches goes first.
         self._event_loop.post(DoCheckpoint(time))
 
@@ -306,7 +311,11 @@ class JobGenerator:
 
     def _do_checkpoint(self, time: int, clear_checkpoint_data_later: bool) -> None:
         manager = self._checkpoints
-        if manager is not None and self.zero_time is not None and (time - self.zero_time) % manager.interval_ms == 0:
+        if self._generation_failed:
+            logger.debug("Not checkpointing for time %d ms: a batch's generation failed", time)
+            if clear_checkpoint_data_later:
+                self._clear_trackers_and_mark_processed(time)
+        elif manager is not None and self.zero_time is not None and (time - self.zero_time) % manager.interval_ms == 0:
             logger.debug("Checkpointing graph for time %d ms", time)
             on_written = self._post_clear_checkpoint_data if clear_checkpoint_data_later else None
             manager.checkpoint_writer().write(self._batches.checkpoint(time, self.pending_up_to(time)), on_written)

@@ -171,6 +171,8 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
                 if kind == SNAPSHOT:
                     raise _DamagedSnapshot(v, damage) from None
                 raise
+            if index == 0 and kind == DELTA:
+                _check_chain_start(files, generation, partition, v, found.header.first, without_snapshots)
             initial = initial or (index == 0 and found.header.initial)
             yield found.table
 
@@ -179,10 +181,8 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
     except _DamagedSnapshot as damaged:
         avoid = without_snapshots | {damaged.version}
         try:
-            # Only from an older snapshot: deltas alone could start after versions already purged.
-            _, instead = files.plan_load(generation, partition, version, below, without_snapshots=avoid)
-            if not instead or instead[0][1] != SNAPSHOT:
-                raise damaged.error from None
+            # From an older snapshot, or from the partition's first delta: deltas that start
+            # after purged versions do not hold the whole state (_check_chain_start).
             rebuilt = load_partition(files, spec_state, single_key, generation, partition, version, below, None,
                                      avoid, notes)
         except StateVersionError:
@@ -199,6 +199,20 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
     deltas = sum(1 for _, kind in steps if kind == DELTA)
     initial_keys = frozenset(key for key, _ in entries.items()) if deltas == 0 and initial else frozenset()
     return PartitionData(target, entries, deltas, initial_keys)
+
+
+def _check_chain_start(files: StateStore, generation: int, partition: int, version: int, first: bool | None,
+                       without_snapshots: frozenset[int]) -> None:
+    """Raise StateVersionError unless a chain of deltas that starts at ``version`` holds the
+    whole state: its first delta was the partition's first, so no snapshot lies under it. A
+    delta from before deltas said so is trusted as a plain load always did, but not to stand
+    in for a damaged snapshot."""
+    if first or (first is None and not without_snapshots):
+        return
+    raise StateVersionError(
+        f"{files.describe_partition(partition)}: its oldest retained delta "
+        f"{files.file_location(generation, partition, version, DELTA)} builds on a snapshot that is no longer there "
+        "(older files were purged after a newer snapshot)")
 
 
 class _DamagedSnapshot(Exception):  # noqa: N818 - an internal signal, never raised out of load_partition
@@ -424,8 +438,9 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
     returns the output rows."""
     outputs, delta = _call_function(spec, params, cached, groups, stats)
     delta_table = _delta_table(spec, params, delta)
-    stats.delta_bytes = spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, DELTA),
-                                                 delta_table)
+    first = params.version_of(partition) is None
+    stats.delta_bytes = spec.store.write_version(
+        spec.generation, FileHeader(params.batch_time, partition, DELTA, first=first), delta_table)
     if delta_table.num_rows:
         cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
     version = params.version_of(partition)

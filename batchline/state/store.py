@@ -187,6 +187,10 @@ class FileHeader:
     """A snapshot written from an initial state: the function is called once for each of its
     keys in the first batch (SPEC D8)."""
     format: int = HEADER_FORMAT
+    first: bool | None = None
+    """For a delta: whether it was written on no earlier version (the partition's first), so
+    that it and the deltas after it hold the whole state; a chain of deltas that starts with
+    one that is not first needs the snapshot under it. None: written before deltas said."""
 
     def __post_init__(self) -> None:
         if self.version < 0 or self.partition < 0:
@@ -212,7 +216,8 @@ class FileHeader:
             payload = json.loads(raw)
             return cls(version=int(payload["version"]), partition=int(payload["partition"]),
                        kind=FileKind(payload.get("kind", kind)), initial=bool(payload.get("initial", False)),
-                       format=int(payload.get("format", HEADER_FORMAT)))
+                       format=int(payload.get("format", HEADER_FORMAT)),
+                       first=None if payload.get("first") is None else bool(payload["first"]))
         except (ValueError, KeyError, TypeError) as error:
             raise StateStoreError(f"{where} has an unreadable header ({error}); restore the file from a copy "
                                   "of the checkpoint, or remove the operator's state to start it afresh") from error

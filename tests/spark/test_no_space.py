@@ -102,7 +102,7 @@ def _every_file_verifies(root: Path) -> int:
         if not path.is_file() or path.name == "filler":
             continue
         count += 1
-        assert not path.name.startswith(".tmp-"), f"{path} was left half-written"
+        assert not path.name.startswith(".tmp-"), f"{path} was left half-written: {path.read_bytes()[:300]!r}"
         data = path.read_bytes()
         if path.suffix == ".json":
             unseal(data, str(path))
@@ -130,16 +130,43 @@ def test_a_full_checkpoint_location_fails_the_batch_clearly_and_resumes_exact_on
     assert isinstance(cause, StorageFullError), repr(cause)
     assert f"no space left at {space.url}" in message and "Free space there" in message, message
     assert "start the pipeline again" in message
-    # The batch after the first committed ones failed: those stay committed, nothing after.
+    # A batch soon after the location filled failed (the first, or the second when the first
+    # fitted in what was left): those before it stay committed, nothing after.
     committed = sorted(i.batch_time for i in run.recorder.completed)
     failed = committed[-1] + 1000
-    assert FULL_AFTER <= committed[-1] <= FULL_AFTER + 1000, committed
+    assert FULL_AFTER <= committed[-1] <= FULL_AFTER + 2000, committed
     assert _every_file_verifies(space.root) > 20
 
     space.free()
     # The full location may have kept the first driver from releasing its lease; in one process
     # (its holder looks alive) the restart waits for it to lapse: 2 s of the manual clock.
     again = CountsRun(spark, tmp_path, failed + 2500, checkpoint=space.url, storage_options=space.options)
+    again.ssc.start()
+    again.run_through(END_MS)
+    again.ssc.stop()
+    assert output_rows(tmp_path / "out") == counts_reference
+
+
+def test_a_batch_whose_inputs_could_not_be_logged_runs_again_with_its_data(spark, tmp_path, counts_reference):
+    """The store refuses one write: the log of a batch's inputs (its ``started`` record). The
+    inputs had already taken the batch's data when the log failed, so no checkpoint written
+    after it may hold their moved position: a restart would run the batch with no data."""
+    url, options = metered_location(str(tmp_path / "metered"), 1 << 30)
+    meter, refused_at = options["meter"], 16_000
+    started = f"checkpoint/events/{refused_at:015d}/started.json"
+    run = CountsRun(spark, tmp_path, START_MS, checkpoint=f"{url}/checkpoint", storage_options=options,
+                    lease_ttl="2s")
+    run.ssc.start()
+    run.run_through(refused_at - 1000)
+    meter.refuse(started)
+    with pytest.raises((BatchFailedError, StorageFullError)) as failure:
+        run.run_through(END_MS, timeout_s=60)
+    run.ssc.stop()
+    assert "started.json" in str(failure.value), failure.value
+    assert max(i.batch_time for i in run.recorder.completed) == refused_at - 1000
+
+    meter.allow(started)
+    again = CountsRun(spark, tmp_path, refused_at + 2500, checkpoint=f"{url}/checkpoint", storage_options=options)
     again.ssc.start()
     again.run_through(END_MS)
     again.ssc.stop()

@@ -105,6 +105,57 @@ def test_a_damaged_snapshot_without_the_files_before_it_stops_naming_it(tmp_path
     assert snapshot.name in str(failure.value)
 
 
+def _deltas_then_snapshot(tmp_path, first):
+    """Deltas 1 to 5 (the first one's header saying ``first``) and one snapshot, at 4, damaged."""
+    from batchline.state.store import DELTA, SNAPSHOT, FileStateStore
+    from tests.unit.test_state_store import table
+
+    store = FileStateStore.open(str(tmp_path), "op")
+    for version in range(1, 6):
+        header = FileHeader(version, 0, DELTA, first=first if version == 1 else False)
+        store.write_version(0, header, table(("a", (version, version), None)))
+    store.write_version(0, FileHeader(4, 0, SNAPSHOT), table(("a", (4, 4), None)))
+    snapshot = tmp_path / "state" / "op" / "g0" / "p00000" / f"{4:015d}.snapshot.arrow"
+    snapshot.write_bytes(snapshot.read_bytes()[:100])
+    return store, snapshot
+
+
+def test_a_damaged_only_snapshot_is_read_around_from_the_partitions_first_delta_on(tmp_path):
+    from tests.unit.test_state_store import STATE, Count
+
+    store, _ = _deltas_then_snapshot(tmp_path, first=True)
+    data = load_partition(store, STATE, True, 0, 0, 5)
+    assert {k: Count(*v) for k, (v, _) in data.entries.items()} == {"a": Count(5, 5)}
+
+
+@pytest.mark.parametrize("first", [False, None], ids=["after purged versions", "written before deltas said"])
+def test_a_damaged_only_snapshot_over_deltas_not_known_to_start_the_partition_stops_naming_it(tmp_path, first):
+    from tests.unit.test_state_store import STATE
+
+    store, snapshot = _deltas_then_snapshot(tmp_path, first=first)
+    with pytest.raises(DamagedStateFileError, match="cut short") as failure:
+        load_partition(store, STATE, True, 0, 0, 5)
+    assert snapshot.name in str(failure.value)
+
+
+def test_deltas_whose_snapshot_is_gone_are_never_read_as_the_whole_state(tmp_path):
+    """A purge keeps the snapshot the oldest retained versions need and deletes what is under
+    it; with that snapshot deleted too, the deltas left start in the middle of the state."""
+    from batchline.state.store import DELTA, SNAPSHOT, FileStateStore, StateVersionError
+    from tests.unit.test_state_store import STATE, table
+
+    store = FileStateStore.open(str(tmp_path), "op")
+    for version in range(1, 6):
+        header = FileHeader(version, 0, DELTA, first=version == 1)
+        store.write_version(0, header, table(("a", (version, version), None)))
+    store.write_version(0, FileHeader(3, 0, SNAPSHOT), table(("a", (3, 3), None)))
+    for version in (1, 2):
+        store.delete_version(0, 0, version, DELTA)
+    store.delete_version(0, 0, 3, SNAPSHOT)
+    with pytest.raises(StateVersionError, match="builds on a snapshot that is no longer there"):
+        load_partition(store, STATE, True, 0, 0, 5)
+
+
 # -------------------------------------------------------------------- a damaged kept output
 @pytest.mark.parametrize("damage", ["flipped", "deleted"])
 def test_a_finished_partition_whose_kept_output_is_damaged_runs_again_exactly_and_says_so(tmp_path, damage):
