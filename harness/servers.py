@@ -120,6 +120,19 @@ class RedisServer:
         self.stop()
         raise ServerError(f"redis-server did not come up on port {self.port}:\n{_tail(log)}")
 
+    def restart(self, down_s: float) -> None:
+        """Stop the server as an operator would (``SHUTDOWN SAVE``: its data saved to its
+        directory), keep it down for ``down_s`` seconds, and start it again on the same port,
+        with the data it had."""
+        assert self._process is not None, "start the server first"
+        with socket.create_connection(("127.0.0.1", self.port), timeout=10) as conn:
+            conn.sendall(b"SHUTDOWN SAVE\r\n")
+            conn.recv(64)  # the connection closes once the data is saved
+        self._process.wait(30)
+        self._process = None
+        time.sleep(down_s)
+        self.start()
+
     def stop(self) -> None:
         if self._process is not None and self._process.poll() is None:
             self._process.terminate()

@@ -1,4 +1,5 @@
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,6 +18,7 @@ FOLDER_MARKERS = {
     "chaos": ("spark", "chaos", "server"),
     "cluster": ("spark", "chaos", "cluster", "server"),
     "soak": ("spark", "soak"),
+    "soak_chaos": ("spark", "chaos", "cluster", "server", "soak_chaos"),
 }
 """A test's folder says what it needs, and so its markers: ``pytest -m "not chaos and not
 cluster"`` is the fast tier (README). ``chaos`` tests kill processes (drivers, executors, Python
@@ -47,12 +49,16 @@ def pytest_collection_modifyitems(config, items):
     if misplaced:
         raise pytest.UsageError("tests in a folder that does not match what they need (move each file to the "
                                 "folder of the most it needs):\n" + "\n".join(misplaced))
-    # The soak test runs for hours: only a selection that names it (``-m soak``) runs it.
-    if "soak" not in (config.getoption("markexpr") or ""):
-        soaks = [item for item in items if item.get_closest_marker("soak")]
+    # The soak tests run for an hour or more: only a selection that names one (``-m soak``,
+    # ``-m soak_chaos``) runs it.
+    named = config.getoption("markexpr") or ""
+    for long_run in ("soak", "soak_chaos"):
+        if re.search(rf"\b{long_run}\b", named):
+            continue
+        soaks = [item for item in items if item.get_closest_marker(long_run)]
         if soaks:
             config.hook.pytest_deselected(items=soaks)
-            items[:] = [item for item in items if not item.get_closest_marker("soak")]
+            items[:] = [item for item in items if not item.get_closest_marker(long_run)]
 
 
 @pytest.fixture(scope="session")

@@ -25,17 +25,20 @@ import tempfile
 import threading
 import time
 import uuid
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
 from batchline.errors import BatchlineError, CarriedError
 
-__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "StorageFullError", "TornFileError",
-           "fsync_path", "seal", "unseal"]
+__all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "StorageFullError",
+           "StorageUnreachableError", "TornFileError", "fsync_path", "is_unreachable", "seal", "unseal"]
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class CorruptFileError(BatchlineError):
@@ -154,6 +157,42 @@ class ExclusiveCreate(enum.Enum):
     """One process's dictionary: ``pipe_file(..., mode="create")``."""
 
 
+class StorageUnreachableError(OSError):
+    """A store that could not be reached (refused or dropped connections, timeouts, 5xx answers)
+    for longer than its outage tolerance. An OSError still: what retries or tolerates failed
+    writes goes on doing so, and the batch is retried by its retry policy."""
+
+
+OUTAGE_TOLERANCE_S = 60.0
+"""How long a storage operation keeps trying a store it cannot reach before it fails: an
+object store restarted, or a network blip, costs a wait, not a failed batch."""
+
+_UNREACHABLE_NAMES = frozenset({
+    "ConnectionError", "TimeoutError", "HTTPClientError", "ClientConnectionError", "ClientPayloadError",
+    "ServerDisconnectedError", "IncompleteRead", "ReadTimeoutError", "ConnectTimeoutError",
+    "EndpointConnectionError", "ConnectionClosedError",
+})
+"""Names of the exceptions (builtins, botocore's, aiohttp's, urllib3's) that say the store could
+not be reached, by name: the core does not import the clients of every store."""
+_UNREACHABLE_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown", "RequestTimeout",
+                                "500", "502", "503", "504"})
+
+
+def is_unreachable(error: BaseException) -> bool:
+    """Whether ``error``, or an error it carries, says the store could not be reached (as opposed
+    to an answer: a missing or existing file, no permission, no space)."""
+    seen: set[int] = set()
+    cause: BaseException | None = error
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
+        if isinstance(cause, (FileNotFoundError, FileExistsError, PermissionError, StorageFullError)):
+            return False
+        if any(cls.__name__ in _UNREACHABLE_NAMES for cls in type(cause).__mro__):
+            return True
+        cause = cause.__cause__ or cause.__context__
+    return _s3_error_code(error) in _UNREACHABLE_CODES
+
+
 def _conditional_create(fs: Any) -> ExclusiveCreate | None:
     """How ``fs`` creates a file exclusively; None when not known."""
     if isinstance(fs, LocalFileSystem):
@@ -186,9 +225,12 @@ class CheckpointStorage:
     driver then relies on the lease alone.
     """
 
-    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, warn: bool = True) -> None:
+    def __init__(self, url: str, storage_options: dict[str, Any] | None = None, *, warn: bool = True,
+                 outage_tolerance_s: float = OUTAGE_TOLERANCE_S) -> None:
         """``warn=False`` leaves out the WARNING about a store without exclusive creates (the
-        copies shipped to executors, whose driver has said it already)."""
+        copies shipped to executors, whose driver has said it already). Every operation keeps
+        trying a store it cannot reach for ``outage_tolerance_s`` (``is_unreachable``)."""
+        self.outage_tolerance_s = outage_tolerance_s
         if "://" not in url:
             url = os.path.abspath(url)
         self.url = url.rstrip("/")
@@ -219,7 +261,8 @@ class CheckpointStorage:
     def __reduce__(self) -> tuple[Any, ...]:
         # Shipped to executors by URL and options; each process opens its own file system
         # (without repeating the driver's warning).
-        return (functools.partial(CheckpointStorage, warn=False), (self.url, self.storage_options))
+        return (functools.partial(CheckpointStorage, warn=False, outage_tolerance_s=self.outage_tolerance_s),
+                (self.url, self.storage_options))
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}"
@@ -227,10 +270,41 @@ class CheckpointStorage:
     def full_url(self, relative: str) -> str:
         return f"{self.url}/{relative}"
 
+    def _reaching(self, what: str, call: Callable[[], _T]) -> _T:
+        """``call()``, tried again with backoff while the store cannot be reached, for up to
+        ``outage_tolerance_s``; then StorageUnreachableError."""
+        deadline: float | None = None
+        wait = 0.5
+        while True:
+            try:
+                result = call()
+            except Exception as error:
+                if not is_unreachable(error):
+                    raise
+                now = _monotonic()
+                if deadline is None:
+                    deadline = now + self.outage_tolerance_s
+                    logger.warning("Could not reach %s %s (%s); trying again for up to %.0f s", self.url, what,
+                                   _short(error), self.outage_tolerance_s)
+                if now >= deadline:
+                    raise StorageUnreachableError(
+                        f"could not reach {self.url} {what} for {self.outage_tolerance_s:.0f} s ({_short(error)}). "
+                        "Check that the store is up and reachable from the driver and every executor; the batch "
+                        "is tried again by its retry policy, and a start once it is back resumes exactly") from error
+                _sleep(min(wait, max(0.0, deadline - now)))
+                wait = min(wait * 2, 8.0)
+                continue
+            if deadline is not None:
+                logger.info("Reached %s again %s", self.url, what)
+            return result
+
     def exists(self, relative: str) -> bool:
         path = self.path(relative)
-        self._forget_listings(path)
-        return bool(self.fs.exists(path))
+
+        def look() -> bool:
+            self._forget_listings(path)
+            return bool(self.fs.exists(path))
+        return self._reaching(f"(looking for {relative})", look)
 
     def _forget_listings(self, path: str) -> None:
         # Object-store clients cache listings; a recovery decision must see the store itself.
@@ -240,7 +314,7 @@ class CheckpointStorage:
     def read(self, relative: str) -> bytes:
         # One GET: a file object would look the object up first and then refuse to read it
         # (FileExpired) when it was replaced in between, as the lease is while it is renewed.
-        return bytes(self.fs.cat_file(self.path(relative)))
+        return self._reaching(f"(reading {relative})", lambda: bytes(self.fs.cat_file(self.path(relative))))
 
     def read_sealed(self, relative: str) -> dict[str, Any]:
         return unseal(self.read(relative), self.full_url(relative))
@@ -249,7 +323,23 @@ class CheckpointStorage:
         """Write a new, never rewritten file, created exclusively where the store can (see
         ``exclusive_creates``): a name that exists already raises FileExistsError and keeps its
         content. On a local disk the file is fsynced before returning; on S3 it is one
-        conditional PUT (``If-None-Match: *``), whole or not at all."""
+        conditional PUT (``If-None-Match: *``), whole or not at all. A write tried again after
+        the store could not be reached that finds the name taken by these very bytes was this
+        write's own: its answer was lost."""
+        tried = False
+
+        def write() -> None:
+            nonlocal tried
+            again, tried = tried, True
+            try:
+                self._write_new(relative, data)
+            except FileExistsError:
+                if again and self.read(relative) == data:
+                    return
+                raise
+        self._reaching(f"(writing {relative})", write)
+
+    def _write_new(self, relative: str, data: bytes) -> None:
         path = self.path(relative)
         try:
             if self._create_kind is ExclusiveCreate.LOCAL:
@@ -308,7 +398,7 @@ class CheckpointStorage:
     def replace(self, relative: str, data: bytes) -> None:
         """Replace a small file in one step: readers see the old or the new content, whole."""
         try:
-            self._replace(relative, data)
+            self._reaching(f"(writing {relative})", lambda: self._replace(relative, data))
         except OSError as error:
             raise self._full(relative, error) from error
 
@@ -336,20 +426,36 @@ class CheckpointStorage:
 
     def delete(self, relative: str, recursive: bool = False) -> bool:
         """Delete a file (or a folder, ``recursive``); False when the store says it was not there."""
-        try:
-            self.fs.rm(self.path(relative), recursive=recursive)
-        except FileNotFoundError:
-            return False
-        return True
+        tried = False
+
+        def delete() -> bool:
+            nonlocal tried
+            again, tried = tried, True
+            try:
+                self.fs.rm(self.path(relative), recursive=recursive)
+            except FileNotFoundError:
+                return again  # tried again: the first try, whose answer was lost, deleted it
+            return True
+        return self._reaching(f"(deleting {relative})", delete)
 
     def list_names(self, relative_dir: str) -> list[str]:
         """Names in a folder, for recovery only (never to find what this process just wrote)."""
-        self._forget_listings(self.path(relative_dir))
-        try:
-            entries = self.fs.ls(self.path(relative_dir), detail=False)
-        except FileNotFoundError:
-            return []
-        return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        def listing() -> list[str]:
+            self._forget_listings(self.path(relative_dir))
+            try:
+                entries = self.fs.ls(self.path(relative_dir), detail=False)
+            except FileNotFoundError:
+                return []
+            return sorted(str(e).rstrip("/").rsplit("/", 1)[-1] for e in entries)
+        return self._reaching(f"(listing {relative_dir})", listing)
+
+
+_sleep = time.sleep
+_monotonic = time.monotonic
+
+
+def _short(error: BaseException) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:300]
 
 
 def fsync_path(path: str) -> None:
