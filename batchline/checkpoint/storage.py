@@ -157,10 +157,22 @@ class ExclusiveCreate(enum.Enum):
     """One process's dictionary: ``pipe_file(..., mode="create")``."""
 
 
-class StorageUnreachableError(OSError):
+class StorageUnreachableError(CarriedError, OSError):
     """A store that could not be reached (refused or dropped connections, timeouts, 5xx answers)
     for longer than its outage tolerance. An OSError still: what retries or tolerates failed
-    writes goes on doing so, and the batch is retried by its retry policy."""
+    writes goes on doing so; retryable, and carried from a Spark task, as StorageFullError."""
+
+    attributes = ("location", "what", "seconds", "reason")
+
+    def __init__(self, location: str, what: str, seconds: float, reason: str, carry: bool = True) -> None:
+        self.location = location
+        self.what = what
+        self.seconds = seconds
+        self.reason = reason
+        super().__init__(
+            f"could not reach {location} {what} for {seconds:.0f} s ({reason}). Check that the store is up and "
+            "reachable from the driver and every executor; the batch is tried again by its retry policy, and a "
+            "start once it is back resumes exactly", carry)
 
 
 OUTAGE_TOLERANCE_S = 60.0
@@ -180,12 +192,14 @@ _UNREACHABLE_CODES = frozenset({"InternalError", "ServiceUnavailable", "SlowDown
 
 def is_unreachable(error: BaseException) -> bool:
     """Whether ``error``, or an error it carries, says the store could not be reached (as opposed
-    to an answer: a missing or existing file, no permission, no space)."""
+    to an answer: a missing or existing file, no permission, no space), and was not waited for
+    already."""
     seen: set[int] = set()
     cause: BaseException | None = error
     while cause is not None and id(cause) not in seen:
         seen.add(id(cause))
-        if isinstance(cause, (FileNotFoundError, FileExistsError, PermissionError, StorageFullError)):
+        if isinstance(cause, (FileNotFoundError, FileExistsError, PermissionError, StorageFullError,
+                              StorageUnreachableError)):  # the last: waited for already
             return False
         if any(cls.__name__ in _UNREACHABLE_NAMES for cls in type(cause).__mro__):
             return True
@@ -287,10 +301,8 @@ class CheckpointStorage:
                     logger.warning("Could not reach %s %s (%s); trying again for up to %.0f s", self.url, what,
                                    _short(error), self.outage_tolerance_s)
                 if now >= deadline:
-                    raise StorageUnreachableError(
-                        f"could not reach {self.url} {what} for {self.outage_tolerance_s:.0f} s ({_short(error)}). "
-                        "Check that the store is up and reachable from the driver and every executor; the batch "
-                        "is tried again by its retry policy, and a start once it is back resumes exactly") from error
+                    raise StorageUnreachableError(self.url, what, self.outage_tolerance_s, _short(error),
+                                                  carry=_in_spark_task()) from error
                 _sleep(min(wait, max(0.0, deadline - now)))
                 wait = min(wait * 2, 8.0)
                 continue

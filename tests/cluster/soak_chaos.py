@@ -8,8 +8,9 @@ under every kind of fault at once:
 - an executor JVM killed every ``executor_every_s`` (its worker starts a new one);
 - the S3 endpoint down for ``outage_s`` every ``outage_every_s`` (a TCP proxy in front of moto's
   server closes its port and every connection; harness/tcp_proxy.py);
-- the newest state snapshot of a partition damaged once, while the driver is down (a restart
-  reads around it from the older files and says so).
+- a state file damaged once, while the driver is down: the newest snapshot (a restart reads
+  around it from the older files and says so), or, before there is one, the newest delta of
+  a batch not committed (its partition runs the batch again).
 
 Input files keep coming all along (one every ``file_every_s``, events numbered on). When the
 time is up the faults stop, one last driver works off what is left, and the output is compared
@@ -70,6 +71,7 @@ class SoakRecord:
     s3_outages: int = 0
     s3_outage_seconds: float = 0.0
     state_files_damaged: int = 0
+    damaged: str = ""
     restarts: int = 0
     batches_committed: int = 0
     batch_retries: int = 0
@@ -177,14 +179,22 @@ def output_rows(out: str, options: dict) -> collections.Counter:
     return rows
 
 
-def _damage_newest_snapshot(checkpoint: str, options: dict, rng: random.Random) -> str | None:
+def _damage_a_state_file(checkpoint: str, options: dict, rng: random.Random) -> str | None:
+    """Flip four bytes of the newest snapshot, or else of the newest delta of a batch that was
+    not committed (its partition runs the batch again): the damage a restart must read around
+    exactly. Returns the file, or None when there is neither yet."""
     fs = s3fs.S3FileSystem(**options)
     fs.invalidate_cache()
-    snapshots = sorted(p for p in fs.find(checkpoint.removeprefix("s3://") + "/state")
-                       if p.endswith(".snapshot.arrow"))
-    if not snapshots:
+    root = checkpoint.removeprefix("s3://")
+    files = fs.find(f"{root}/state")
+    snapshots = [p for p in files if p.endswith(".snapshot.arrow")]
+    committed = {p.rsplit("/", 2)[-2] for p in fs.find(f"{root}/events") if p.endswith("/completed.json")}
+    uncommitted = [p for p in files if p.endswith(".delta.arrow")
+                   and p.rsplit("/", 1)[-1].split(".")[0] not in committed]
+    candidates = snapshots or uncommitted
+    if not candidates:
         return None
-    newest = max(snapshots, key=lambda p: p.rsplit("/", 1)[-1])
+    newest = max(candidates, key=lambda p: p.rsplit("/", 1)[-1])
     data = bytearray(fs.cat_file(newest))
     at = rng.randrange(len(data) // 4, 3 * len(data) // 4)
     data[at:at + 4] = bytes(b ^ 0xFF for b in data[at:at + 4])
@@ -235,8 +245,10 @@ def run_soak_chaos(cluster: Any, s3_options: dict, work: Path, settings: SoakSet
                 driver.kill()
                 record.driver_kills += 1
                 if record.state_files_damaged == 0 and now >= damage_at:
-                    if _damage_newest_snapshot(checkpoint, s3_options, rng) is not None:
+                    damaged = _damage_a_state_file(checkpoint, s3_options, rng)
+                    if damaged is not None:
                         record.state_files_damaged += 1
+                        record.damaged = damaged.rsplit("/checkpoint/", 1)[-1]
                 driver = start_driver()
                 record.restarts += 1
                 next_kill = time.monotonic() + uniform(settings.driver_life_s)

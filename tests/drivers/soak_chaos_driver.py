@@ -4,7 +4,7 @@ with a count kept as state, Parquet out; checkpoint and output on an S3 endpoint
     python tests/drivers/soak_chaos_driver.py MASTER INCOMING CHECKPOINT_URL OUT_URL STORAGE_OPTIONS_JSON
 
 Each input file holds events ``{event, user, index}`` with indexes after the previous file's;
-a batch takes at most 4 files, in the order they came. Each user's events are numbered in index
+a batch takes at most 16 files, in the order they came. Each user's events are numbered in index
 order (``seq``), one output row ``{event, user, seq}`` per event, so any correct run writes the
 same rows: an event lost, a batch applied twice or state lost shows as a missing, repeated or
 renumbered row.
@@ -59,7 +59,7 @@ def main() -> int:
                            checkpoint_storage_options=options, metrics_port=None, dashboard_port=None,
                            retry=RetryPolicy(max_attempts=6, initial_backoff="2s", max_backoff="16s"))
     events = ssc.file_stream(incoming, "json", "event string, user int, index long", settle=0.5,
-                             max_files_per_batch=4, name="events")
+                             max_files_per_batch=16, name="events")
     numbered = events.group_by_key("user").flat_map_groups_with_state(
         number_events, state_schema="count long", output_schema="event string, user int, seq long",
         name="numbering", num_partitions=3)

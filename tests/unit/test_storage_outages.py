@@ -8,6 +8,7 @@ import pytest
 
 import batchline.checkpoint.storage as storage_module
 from batchline.checkpoint.storage import CheckpointStorage, StorageUnreachableError, is_unreachable
+from batchline.scheduler.retry import RetryPolicy
 
 
 class Flaky:
@@ -89,7 +90,8 @@ def test_a_store_unreachable_beyond_the_tolerance_fails_saying_what_to_do(clock)
     assert "could not reach memory://outage-" in message and "(writing lease.json) for 30 s" in message
     assert "Check that the store is up" in message and "resumes exactly" in message
     assert clock[0] == pytest.approx(30.0)
-    assert isinstance(failure.value, OSError)
+    assert isinstance(failure.value, OSError) and not is_unreachable(failure.value)  # waited for once only
+    assert RetryPolicy().should_retry(failure.value, 1)  # the batch is tried again
 
 
 def test_answers_are_not_retried(clock):
