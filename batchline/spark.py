@@ -224,3 +224,22 @@ def forget_accumulator(accumulator: Any) -> None:
     from pyspark import accumulators
 
     accumulators._accumulatorRegistry.pop(accumulator.aid, None)  # noqa: SLF001 (no public way to drop one)
+
+
+OBSERVE_ALL_ATTEMPTS = "spark.sql.legacy.observeMetricsAggregateAllAttempts"
+"""Spark's legacy setting for ``DataFrame.observe``: true adds the counts of every attempt of
+a task, so a map task run again (its stage re-run after a fetch failure, its executor lost)
+counts its rows twice. Spark 4.3's default (false) keeps each task's last successful attempt
+only (``LastAttemptAggregatingAccumulator``), which batchline's input counts rely on."""
+
+
+def observe_last_attempts(spark: SparkSession) -> None:
+    """Make the session's ``observe()`` metrics count each task's last attempt only: undo
+    :data:`OBSERVE_ALL_ATTEMPTS` at WARN if a user set it, since an input's row counts (its
+    progress records, its dead letters) would count the rows of a re-run map task twice."""
+    if str(spark.conf.get(OBSERVE_ALL_ATTEMPTS, "false")).strip().lower() != "true":
+        return
+    logger.warning("%s=true makes observe() add every attempt of a task: a stage re-run after a lost executor "
+                   "would count its input rows twice. batchline counts inputs with observe(), so it sets it "
+                   "to false for this session (Spark's default)", OBSERVE_ALL_ATTEMPTS)
+    spark.conf.set(OBSERVE_ALL_ATTEMPTS, "false")

@@ -59,17 +59,39 @@ def hold(hold_file: str) -> None:
 
 
 def numbering_pipeline(spark, checkpoint: str, out: str, options: dict, total: int,
-                       number_events) -> StreamingContext:
+                       number_events, input_dir: str | None = None) -> StreamingContext:
     """The pipeline the cluster tests (and ``benchmarks.cluster``) run: 400-event batches of the
     generator every 500 ms, numbered per user by ``number_events`` with state in 3 partitions,
-    written as JSON; checkpoint and output at ``options``' endpoint."""
+    written as JSON; checkpoint and output at ``options``' endpoint.
+
+    ``input_dir``: the events are JSON lines files there instead (``{"id": user, "data":
+    "event-<index>"}``, see ``write_event_files``), read as a bounded file input two files a
+    batch: each file is a map task of its own, and batchline counts the rows as Spark reads
+    them (``observe``), where it knows the generator's counts from its plan."""
     ssc = StreamingContext(spark, "500ms", checkpoint=checkpoint, checkpoint_interval="1s",
                            checkpoint_storage_options=options,
                            retry=RetryPolicy(max_attempts=4, initial_backoff="1s", max_backoff="4s"))
-    events = ssc.generator_stream(4000, users=USERS, seed=SEED, partitions=2, max_records_per_batch=400,
-                                  total=total)
+    if input_dir is not None:
+        events = ssc.file_stream(input_dir, "json", "id int, data string", bounded=True, max_files_per_batch=2,
+                                 name="events")
+    else:
+        events = ssc.generator_stream(4000, users=USERS, seed=SEED, partitions=2, max_records_per_batch=400,
+                                      total=total)
     numbered = events.group_by_key("id").flat_map_groups_with_state(
         number_events, state_schema="count long", output_schema="event string, user int, seq long",
         name="numbering", num_partitions=3)
     numbered.write_files(out, "json", storage_options=options)
     return ssc
+
+
+def write_event_files(directory: Path, events: list[tuple[str, int]], files: int) -> None:
+    """``events`` (``(data, user)`` in index order) as ``files`` JSON lines files in
+    ``directory``, oldest first, so that a file input takes them in that order."""
+    directory.mkdir(parents=True, exist_ok=True)
+    size = -(-len(events) // files)
+    now = time.time() - files - 10
+    for number in range(files):
+        path = directory / f"events-{number:03d}.json"
+        chunk = events[number * size:(number + 1) * size]
+        path.write_text("".join(f'{{"id": {user}, "data": "{data}"}}\n' for data, user in chunk))
+        os.utime(path, (now + number, now + number))

@@ -29,7 +29,7 @@ from batchline.scheduler.job import Job, JobKind
 from batchline.sources.dead_letters import CountedBatch, DeadLetterNode, DeadLetterReader
 from batchline.sources.parsing import DEAD_LETTER_SCHEMA, RAW, REASON, SOURCE_FILE
 from batchline.sources.source import BatchTimes, DeadLetter, Position, Source, SourceBatch, SourceRun, Split
-from batchline.spark import forget_accumulator
+from batchline.spark import forget_accumulator, observe_last_attempts
 from batchline.state.schema import as_struct
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
 from batchline.streams.base import ArrowFunction
@@ -70,6 +70,9 @@ class SourceReader(InputRuntime, DeadLetterReader):
     def __init__(self, node: SourceInput, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
         super().__init__(node, env, parents)
         self.source = node.source
+        # The batch's rows are counted (observe) in the tasks that read them, often those of a
+        # shuffle's map stage: a stage re-run must not count them again.
+        observe_last_attempts(env.spark)
         self.source.attach(SourceRun(node.name, env.spark, env.checkpoint.storage if env.checkpoint else None,
                                      env.clock))
         if type(self.source).has_unplanned is not Source.has_unplanned:  # it is pushed records: a stop waits

@@ -24,7 +24,7 @@ import s3fs
 from pyspark.sql import functions as F
 
 from batchline.state import read_state
-from harness.numbering import SEED, USERS
+from harness.numbering import SEED, USERS, write_event_files
 from tests.helpers import DRIVERS, poll_until
 
 DRIVER = DRIVERS / "cluster_driver.py"
@@ -42,9 +42,12 @@ class ClusterDriver:
                 stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"},
             )
         self.completed: list[tuple[int, int, int, str]] = []
+        self.progress: list[tuple[int, str, int]] = []
+        self.stages_rerun: int | None = None
         self.started = threading.Event()
         self.finished = False
-        threading.Thread(target=self._read, daemon=True).start()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
 
     def _read(self) -> None:
         for line in self.process.stdout:
@@ -55,10 +58,17 @@ class ClusterDriver:
             elif line.startswith("completed "):
                 _, batch, records, attempts, excluded = line.split()
                 self.completed.append((int(batch), int(records), int(attempts), excluded))
+            elif line.startswith("progress "):
+                _, batch, status, records = line.split()
+                self.progress.append((int(batch), status, int(records)))
+            elif line.startswith("stages rerun "):
+                self.stages_rerun = int(line.split()[2])
 
     def wait(self, timeout: float) -> int:
         try:
-            return self.process.wait(timeout)
+            code = self.process.wait(timeout)
+            self._reader.join(10)  # every line it printed is read
+            return code
         except subprocess.TimeoutExpired:
             self.kill()
             raise AssertionError(f"the driver did not end in {timeout:.0f} s; its log ends:\n{self.tail()}") from None
@@ -189,4 +199,54 @@ def test_random_kill_9s_of_the_driver_on_the_cluster_with_the_checkpoint_on_s3(
     assert kills >= 4, f"only {kills} kills landed before the pipeline finished"
     driver = ClusterDriver(standalone_cluster, locations, tmp_path / "driver.log")
     assert driver.wait(300) == 0 and driver.finished, driver.tail()
+    assert_equal_to_an_uninterrupted_run(spark, locations, expected)
+
+
+EVENT_FILES = 6
+"""The file input's events in six files, two a batch: 800 events a batch in two map tasks."""
+
+
+def test_a_worker_lost_mid_shuffle_counts_each_input_row_once(
+        spark, standalone_cluster, locations, expected, tmp_path):
+    """Issue 34: a batch's input rows are read and counted (``observe``) in the map stage of the
+    shuffle before the state function. The state function holds in the first batch and the
+    test SIGKILLs its executor, whose map output (no external shuffle service) goes with it:
+    the reduce tasks fail to fetch it, Spark runs the map stage again for the lost map tasks,
+    and they read and count their file a second time. Spark 4.3's ``observe()`` keeps only
+    the last attempt of each task of an RDD (``LastAttemptAggregatingAccumulator``; its
+    legacy setting ``spark.sql.legacy.observeMetricsAggregateAllAttempts=true`` adds every
+    attempt's counts, and a map task that runs again counts its rows twice, as it did before
+    4.3). Spark's default (false) is exact; the driver sets the legacy setting in its session,
+    as a user may, and batchline must switch it back for its counts to stay exact (without
+    that, the first batch counts 1,200 rows for its 800). Each executor runs one of the batch's
+    two file map tasks (two free one-core executors, two tasks first in line), so the lost one
+    takes a file's map output. Each batch's record count (its progress record and its batch
+    information) must be its 800 events, and the output that of a fault-free run."""
+    rows, _ = expected
+    events = sorted(((event, user) for event, user, _ in rows), key=lambda e: int(e[0].split("-")[1]))
+    write_event_files(tmp_path / "events", events, EVENT_FILES)
+    hold = tmp_path / "hold"
+    driver = ClusterDriver(standalone_cluster, locations, tmp_path / "driver.log",
+                           "--input-dir", str(tmp_path / "events"), "--hold-file", str(hold), "--hold-at", "100",
+                           "--conf", "spark.sql.legacy.observeMetricsAggregateAllAttempts=true",
+                           # Workers on one machine read each other's shuffle files from the disk
+                           # (Spark's host-local read), which a killed executor leaves behind; a worker
+                           # lost on a machine of its own takes its map output with it: fetches fail.
+                           "--conf", "spark.shuffle.readHostLocalDisk=false")
+    held = poll_until(lambda: hold.exists() and hold.read_text(), 180, 0.05,
+                      stop=lambda: driver.process.poll() is not None)
+    assert held, f"no task held event 100:\n{driver.tail()}"
+    pid = int(held)
+    assert pid in standalone_cluster.executor_pids().values(), "the held task runs in no executor of the cluster"
+    os.kill(pid, signal.SIGKILL)
+    assert driver.wait(300) == 0 and driver.finished, driver.tail()
+    assert "FetchFailed" in driver.log.read_text(), f"no fetch failed after the executor was lost:\n{driver.tail()}"
+    assert driver.stages_rerun, f"no Spark stage ran a second attempt after the fetch failure:\n{driver.tail()}"
+    per_file = TOTAL // EVENT_FILES
+    batches = [(batch, records) for batch, status, records in driver.progress if status == "completed" and records]
+    assert [records for _, records in batches] == [2 * per_file] * (EVENT_FILES // 2), \
+        f"records per batch in the progress records: {batches}"
+    completed = [(batch, records, attempts) for batch, records, attempts, _ in driver.completed if records]
+    assert [(records, attempts) for _, records, attempts in completed] == [(2 * per_file, 1)] * (EVENT_FILES // 2), \
+        f"records and attempts per batch in the batch information: {completed}"
     assert_equal_to_an_uninterrupted_run(spark, locations, expected)

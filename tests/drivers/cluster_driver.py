@@ -2,7 +2,8 @@
 checkpoint and output on an S3 endpoint.
 
     python tests/drivers/cluster_driver.py MASTER CHECKPOINT_URL OUT_URL STORAGE_OPTIONS_JSON
-        [--total N] [--faulty-worker I] [--hold-file PATH] [--hold-at INDEX]
+        [--total N] [--faulty-worker I] [--hold-file PATH] [--hold-at INDEX] [--input-dir DIR]
+        [--conf KEY=VALUE ...]
 
 Reads ``N`` generator events (``data`` is ``event-<index>``), groups them by user and numbers
 each user's events in index order with a count kept as state: one output row
@@ -16,9 +17,15 @@ once (the file is created exclusively), the task that numbers event ``INDEX`` wr
 executor JVM's pid to PATH after it has numbered the keys before, then waits until that JVM
 is gone, for a test to SIGKILL it.
 
+``--input-dir DIR``: the events are the JSON lines files in DIR (``harness.numbering.
+write_event_files``), two a batch, counted by batchline as Spark reads them. ``--conf``: more
+Spark settings for the session.
+
 Prints ``started``, then per completed batch ``completed <batch ms> <records> <attempts>
-<excluded executor ids, comma-separated, or ->``, and ``finished`` when the pipeline ends.
-batchline's log goes to stderr at INFO.
+<excluded executor ids, comma-separated, or ->`` and per progress record ``progress <batch ms>
+<status> <records of the inputs>``, and when the pipeline ends ``stages rerun <n>`` (the Spark
+stages that ran more than one attempt: a map stage re-run after a fetch failure) and
+``finished``. batchline's log goes to stderr at INFO.
 """
 
 import argparse
@@ -46,6 +53,22 @@ class Progress(StreamingListener):
         excluded = ",".join(e.executor_id for e in info.excluded_executors) or "-"
         print(f"completed {int(info.batch_time)} {info.num_records} {info.attempts} {excluded}", flush=True)
 
+    def on_progress(self, progress):
+        records = sum(i.records for i in progress.inputs)
+        print(f"progress {progress.batch_time} {progress.status} {records}", flush=True)
+
+
+def stages_rerun(spark) -> int:
+    """How many of the application's stages Spark ran more than once (a later attempt)."""
+    tracker = spark.sparkContext.statusTracker()
+    rerun, missing, stage = 0, 0, 0
+    while missing < 50:  # stage ids are consecutive; a few may be gone from the status store
+        info = tracker.getStageInfo(stage)
+        missing = missing + 1 if info is None else 0
+        rerun += info is not None and info.currentAttemptId > 0
+        stage += 1
+    return rerun
+
 
 def main() -> int:
     parser = argparse.ArgumentParser()
@@ -57,18 +80,29 @@ def main() -> int:
     parser.add_argument("--faulty-worker")
     parser.add_argument("--hold-file")
     parser.add_argument("--hold-at", type=int)
+    parser.add_argument("--input-dir")
+    parser.add_argument("--conf", action="append", default=[])
     args = parser.parse_args()
     options = json.loads(args.storage_options)
 
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("batchline").setLevel(logging.INFO)
-    spark = local_spark_session(args.master, "cluster-driver", shuffle_partitions=2, conf=DRIVER_CONF,
+    conf = {**DRIVER_CONF, **dict(setting.split("=", 1) for setting in args.conf)}
+    spark = local_spark_session(args.master, "cluster-driver", shuffle_partitions=2, conf=conf,
                                 exclude_on_failure=ExcludeOnFailure())
+    if args.input_dir:
+        # What Spark's scheduler did (lost executors, fetch failures, stages re-run) in the driver's log.
+        jvm = spark.sparkContext._jvm
+        for name in ("org.apache.spark.scheduler.DAGScheduler", "org.apache.spark.scheduler.TaskSetManager"):
+            jvm.org.apache.logging.log4j.core.config.Configurator.setLevel(
+                name, jvm.org.apache.logging.log4j.Level.INFO)
     ssc = numbering_pipeline(spark, args.checkpoint, args.out, options, args.total,
-                             make_numbering(args.faulty_worker, args.hold_file, args.hold_at))
+                             make_numbering(args.faulty_worker, args.hold_file, args.hold_at), args.input_dir)
     ssc.add_listener(Progress())
-    return run_until_finished(ssc, timeout=600)
+    code = run_until_finished(ssc, timeout=600)
+    print(f"stages rerun {stages_rerun(spark)}", flush=True)
+    return code
 
 
 if __name__ == "__main__":
