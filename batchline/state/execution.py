@@ -446,7 +446,11 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
     version = params.version_of(partition)
     if (version is not None and cached.data.version == version
             and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
-        _write_snapshot(spec, partition, cached.data, background_snapshots)
+        # Twice the deltas: a background snapshot was lost with its process (a driver or
+        # executor that did not live long), and every restart reads all those deltas; this
+        # one is written before the task finishes, so restarts stay short however often they come.
+        behind = cached.data.deltas_since_snapshot >= 2 * SNAPSHOT_EVERY
+        _write_snapshot(spec, partition, cached.data, background_snapshots and not behind)
     cached.data.entries.update(delta, delta_table.schema)
     cached.data.version = params.batch_time
     cached.data.deltas_since_snapshot += 1

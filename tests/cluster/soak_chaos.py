@@ -84,7 +84,8 @@ class SoakRecord:
 
 
 class _Driver:
-    def __init__(self, master: str, incoming: Path, checkpoint: str, out: str, options: dict, log: Path) -> None:
+    def __init__(self, master: str, incoming: Path, checkpoint: str, out: str, options: dict, log: Path,
+                 kill_delay_s: float) -> None:
         self.began = time.monotonic()
         self.first_commit_s: float | None = None
         self.records: list[int] = []
@@ -94,7 +95,10 @@ class _Driver:
             self.process = subprocess.Popen(
                 [sys.executable, str(DRIVER), master, str(incoming), checkpoint, out, json.dumps(options)],
                 stdout=subprocess.PIPE, stderr=stderr, text=True, env={**os.environ, "SPARK_LOCAL_IP": "127.0.0.1"})
-        self.committed = threading.Event()
+        self.killable_at: float | None = None
+        """A moment a few seconds after its first commit (in the batches after it): a kill
+        never comes before a driver made progress, nor always right at a commit."""
+        self._kill_delay_s = kill_delay_s
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -106,7 +110,7 @@ class _Driver:
                 self.retries += int(attempts) - 1
                 if self.first_commit_s is None:
                     self.first_commit_s = time.monotonic() - self.began
-                self.committed.set()
+                    self.killable_at = time.monotonic() + self._kill_delay_s
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -218,7 +222,7 @@ def run_soak_chaos(cluster: Any, s3_options: dict, work: Path, settings: SoakSet
     drivers: list[_Driver] = []
 
     def start_driver() -> _Driver:
-        driver = _Driver(cluster.url, incoming, checkpoint, out, options, log)
+        driver = _Driver(cluster.url, incoming, checkpoint, out, options, log, kill_delay_s=rng.uniform(1, 8))
         drivers.append(driver)
         return driver
 
@@ -241,7 +245,7 @@ def run_soak_chaos(cluster: Any, s3_options: dict, work: Path, settings: SoakSet
             now = time.monotonic()
             if not driver.alive():
                 raise AssertionError(f"a driver ended by itself (exit {driver.process.returncode}):\n{tail()}")
-            if now >= next_kill and driver.committed.is_set():
+            if now >= next_kill and driver.killable_at is not None and now >= driver.killable_at:
                 driver.kill()
                 record.driver_kills += 1
                 if record.state_files_damaged == 0 and now >= damage_at:

@@ -493,3 +493,34 @@ def test_batch_params_carry_the_partitions_left_out_of_the_shuffle():
     params = BatchParams(batch_time=3000, prev_version=2000, token=7, watermark_ms=None, left_out=(1, 3))
     assert BatchParams.from_json(params.to_json()) == params
     assert BatchParams.from_json({k: v for k, v in params.to_json().items() if k != "left_out"}).left_out == ()
+
+
+def test_a_partition_whose_background_snapshots_were_lost_writes_one_before_its_task_ends(monkeypatch):
+    """A process killed soon after each start (a driver restarted again and again) loses the
+    snapshots written in the background; once twice SNAPSHOT_EVERY deltas pile up, the task
+    writes the snapshot itself, so a restart never reads an ever longer chain of deltas."""
+    import types
+
+    import batchline.state.execution as execution
+    from batchline.state.store import SNAPSHOT
+
+    class LostWithItsProcess:
+        def __init__(self, target, **kwargs):
+            pass
+
+        def start(self):
+            pass
+
+    monkeypatch.setattr(execution, "threading", types.SimpleNamespace(Thread=LostWithItsProcess,
+                                                                      Lock=execution.threading.Lock))
+    store = MemoryStateStore("op")
+    spec = spec_for(store, sessions)
+    previous = None
+    for batch in range(1, 2 * execution.SNAPSHOT_EVERY + 3):
+        time = batch * 1000
+        reported = []
+        list(run_partition(spec, BatchParams(time, previous, 1, None), [arrow_batch([("a", 1)])], 0,
+                           reported.append, cache=PartitionCache()))  # a fresh process each batch
+        previous = time
+    snapshots = [v for v in range(1000, previous + 1, 1000) if store.has_version(0, 0, v, SNAPSHOT)]
+    assert snapshots == [2 * execution.SNAPSHOT_EVERY * 1000], snapshots  # of the version it loaded
