@@ -7,9 +7,12 @@ Executors import this module (a state function made by ``make_numbering`` refers
 a cluster running it has the repository's root on its ``PYTHONPATH`` (``harness.cluster`` does).
 """
 
+import collections
+import io
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from batchline import StreamingContext
 from batchline.scheduler.retry import RetryPolicy
@@ -95,3 +98,26 @@ def write_event_files(directory: Path, events: list[tuple[str, int]], files: int
         chunk = events[number * size:(number + 1) * size]
         path.write_text("".join(f'{{"id": {user}, "data": "{data}"}}\n' for data, user in chunk))
         os.utime(path, (now + number, now + number))
+
+
+def numbered_output(out: str, options: dict[str, Any]) -> collections.Counter:
+    """What a plain reader sees of a numbering pipeline's output on S3: every visible part file
+    (JSON or Parquet), each read by pyarrow, as ``(event, user, seq)`` rows and how often each
+    was written."""
+    import pyarrow.json as pa_json
+    import pyarrow.parquet as pq
+    import s3fs
+
+    fs = s3fs.S3FileSystem(**options)
+    fs.invalidate_cache()
+    root = out.removeprefix("s3://")
+    rows: collections.Counter = collections.Counter()
+    for path in fs.find(root):
+        relative = path[len(root) + 1:]
+        if relative.startswith(("_", ".")) or not relative.rsplit("/", 1)[-1].startswith("part-"):
+            continue
+        data = io.BytesIO(fs.cat_file(path))
+        table = pq.read_table(data) if path.endswith(".parquet") else pa_json.read_json(data)
+        rows.update(zip(table["event"].to_pylist(), table["user"].to_pylist(), table["seq"].to_pylist(),
+                        strict=True))
+    return rows

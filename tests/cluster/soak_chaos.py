@@ -39,9 +39,9 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
-import pyarrow.parquet as pq
 import s3fs
 
+from harness.numbering import numbered_output
 from harness.tcp_proxy import TcpProxy
 from tests.helpers import DRIVERS
 
@@ -166,23 +166,6 @@ def expected_rows(events: list[tuple[str, int]]) -> collections.Counter:
     return collections.Counter(rows)
 
 
-def output_rows(out: str, options: dict) -> collections.Counter:
-    """What a plain reader sees: every visible Parquet part file, each read by pyarrow."""
-    fs = s3fs.S3FileSystem(**options)
-    fs.invalidate_cache()
-    root = out.removeprefix("s3://")
-    rows: collections.Counter = collections.Counter()
-    for path in fs.find(root):
-        relative = path[len(root) + 1:]
-        if relative.startswith(("_", ".")) or not relative.rsplit("/", 1)[-1].startswith("part-"):
-            continue
-        with fs.open(path, "rb") as handle:
-            table = pq.read_table(handle)
-        rows.update(zip(table["event"].to_pylist(), table["user"].to_pylist(), table["seq"].to_pylist(),
-                        strict=True))
-    return rows
-
-
 def _damage_a_state_file(checkpoint: str, options: dict, rng: random.Random) -> str | None:
     """Flip four bytes of the newest snapshot, or else of the newest delta of a batch that was
     not committed (its partition runs the batch again): the damage a restart must read around
@@ -294,7 +277,7 @@ def run_soak_chaos(cluster: Any, s3_options: dict, work: Path, settings: SoakSet
                 each.kill()
         feeder.stop()
         proxy.stop()
-    got = output_rows(out, s3_options)
+    got = numbered_output(out, s3_options)
     repeated = sorted(row for row, n in got.items() if n > 1)
     assert not repeated, f"rows written twice: {repeated[:5]}"
     assert set(got) == set(expected), (f"missing {sorted(set(expected) - set(got))[:5]}, "

@@ -6,7 +6,6 @@ random resumes from its checkpoint on the S3 endpoint. The drivers are processes
 from __future__ import annotations
 
 import collections
-import io
 import json
 import os
 import random
@@ -18,13 +17,12 @@ import time
 import uuid
 from pathlib import Path
 
-import pyarrow.json as pa_json
 import pytest
 import s3fs
 from pyspark.sql import functions as F
 
 from batchline.state import read_state
-from harness.numbering import SEED, USERS, write_event_files
+from harness.numbering import SEED, USERS, numbered_output, write_event_files
 from tests.helpers import DRIVERS, poll_until
 
 DRIVER = DRIVERS / "cluster_driver.py"
@@ -101,20 +99,8 @@ def expected(spark):
 
 
 def output_rows(locations) -> collections.Counter:
-    """What a plain reader sees: every visible JSON part file, each read by pyarrow."""
     _, out, options = locations
-    fs = s3fs.S3FileSystem(**options)
-    fs.invalidate_cache()
-    root = out.removeprefix("s3://")
-    rows: collections.Counter = collections.Counter()
-    for path in fs.find(root):
-        relative = path[len(root) + 1:]
-        if relative.startswith(("_", ".")) or not relative.rsplit("/", 1)[-1].startswith("part-"):
-            continue
-        table = pa_json.read_json(io.BytesIO(fs.cat_file(path)))
-        rows.update(zip(table["event"].to_pylist(), table["user"].to_pylist(), table["seq"].to_pylist(),
-                        strict=True))
-    return rows
+    return numbered_output(out, options)
 
 
 def assert_equal_to_an_uninterrupted_run(spark, locations, expected) -> None:
