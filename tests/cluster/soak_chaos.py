@@ -1,4 +1,4 @@
-"""The chaos soak (issue 34, SPEC E3): a stateful pipeline of JSON files in and Parquet out on
+"""The chaos soak (SPEC E3): a stateful pipeline of JSON files in and Parquet out on
 the standalone cluster, with its checkpoint and output on the S3 endpoint, run for a while
 under every kind of fault at once:
 

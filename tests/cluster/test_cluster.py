@@ -194,7 +194,7 @@ EVENT_FILES = 6
 
 def test_a_worker_lost_mid_shuffle_counts_each_input_row_once(
         spark, standalone_cluster, locations, expected, tmp_path):
-    """Issue 34: a batch's input rows are read and counted (``observe``) in the map stage of the
+    """A batch's input rows are read and counted (``observe``) in the map stage of the
     shuffle before the state function. The state function holds in the first batch and the
     test SIGKILLs its executor, whose map output (no external shuffle service) goes with it:
     the reduce tasks fail to fetch it, Spark runs the map stage again for the lost map tasks,
