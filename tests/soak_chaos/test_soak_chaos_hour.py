@@ -17,7 +17,9 @@ from tests.cluster.soak_chaos import SoakSettings, run_soak_chaos
 
 
 def test_an_hour_of_every_fault_at_once_ends_with_the_exact_output(standalone_cluster, s3_endpoint, tmp_path):
-    settings = SoakSettings(duration_s=float(os.environ.get("BATCHLINE_SOAK_CHAOS_S", "3600")))
+    # A file every 2 s (30 events a second): a driver killed every 30-120 s spends about a minute
+    # starting, and the batches in between must still gain on the input.
+    settings = SoakSettings(duration_s=float(os.environ.get("BATCHLINE_SOAK_CHAOS_S", "3600")), file_every_s=2.0)
     record = run_soak_chaos(standalone_cluster, s3_endpoint, tmp_path, settings)
     print(json.dumps(record.to_json(), indent=1), flush=True)
     if os.environ.get("BATCHLINE_SOAK_CHAOS_RECORD"):
