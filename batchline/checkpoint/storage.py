@@ -221,8 +221,10 @@ def _conditional_create(fs: Any) -> ExclusiveCreate | None:
 
 def _s3_error_code(error: BaseException) -> str | None:
     """The S3 error code behind an error s3fs translated (it keeps the ClientError as cause)."""
+    seen: set[int] = set()
     cause: BaseException | None = error
-    while cause is not None:
+    while cause is not None and id(cause) not in seen:
+        seen.add(id(cause))
         response = getattr(cause, "response", None)
         if isinstance(response, dict):
             code = response.get("Error", {}).get("Code")
@@ -363,7 +365,10 @@ class CheckpointStorage:
             else:
                 self.fs.pipe_file(path, data)
         except OSError as error:
-            raise self._full(relative, error) from error
+            full = self._full(relative, error)
+            if full is error:
+                raise
+            raise full from error
 
     def _create_local(self, path: str, data: bytes) -> None:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -412,7 +417,10 @@ class CheckpointStorage:
         try:
             self._reaching(f"(writing {relative})", lambda: self._replace(relative, data))
         except OSError as error:
-            raise self._full(relative, error) from error
+            full = self._full(relative, error)
+            if full is error:
+                raise
+            raise full from error
 
     def _replace(self, relative: str, data: bytes) -> None:
         path = self.path(relative)

@@ -77,7 +77,8 @@ def test_a_store_without_conditional_create_says_so_once_and_overwrites(caplog):
 
 def test_s3_precondition_answers_without_a_condition_and_conflicts(s3_endpoint, monkeypatch):
     """Some S3-compatible stores answer 412 without naming the condition (s3fs then raises a plain
-    OSError), and S3 answers 409 while another conditional write of the name is in flight."""
+    OSError), and S3 answers 409 while another conditional write of the name is in flight; a 500
+    is a store that could not answer, tried again."""
     storage = CheckpointStorage(f"s3://{BUCKET}/location-4", s3_endpoint)
     real_pipe = storage.fs.pipe_file
     answers = []
@@ -97,6 +98,9 @@ def test_s3_precondition_answers_without_a_condition_and_conflicts(s3_endpoint, 
     answers[:] = ["ConditionalRequestConflict", "ConditionalRequestConflict"]
     storage.write_new("x.json", b"data")  # tried again until the store answered
     assert storage.read("x.json") == b"data"
-    answers[:] = ["InternalError"]
-    with pytest.raises(OSError, match="InternalError"):
-        storage.write_new("y.json", b"data")
+    answers[:] = ["InternalError"]  # a store that could not answer: tried again until it does
+    storage.write_new("y.json", b"data")
+    assert storage.read("y.json") == b"data"
+    answers[:] = ["AccessDenied"]  # an answer: raised as it is
+    with pytest.raises(OSError, match="AccessDenied"):
+        storage.write_new("z.json", b"data")

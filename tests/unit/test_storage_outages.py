@@ -114,3 +114,6 @@ def test_what_counts_as_unreachable():
     unavailable = OSError("503")
     unavailable.__cause__ = type("ClientError", (Exception,), {"response": {"Error": {"Code": "ServiceUnavailable"}}})()
     assert is_unreachable(unavailable)
+    looped = OSError("raised from itself")
+    looped.__cause__ = looped
+    assert not is_unreachable(looped)  # and it returns
