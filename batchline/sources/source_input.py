@@ -72,7 +72,8 @@ class SourceReader(InputRuntime, DeadLetterReader):
         self.source = node.source
         # The batch's rows are counted (observe) in the tasks that read them, often those of a
         # shuffle's map stage: a stage re-run must not count them again.
-        observe_last_attempts(env.spark)
+        if env.spark is not None:  # None: the source's planning tried without Spark
+            observe_last_attempts(env.spark)
         self.source.attach(SourceRun(node.name, env.spark, env.checkpoint.storage if env.checkpoint else None,
                                      env.clock))
         if type(self.source).has_unplanned is not Source.has_unplanned:  # it is pushed records: a stop waits
