@@ -438,12 +438,11 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
     returns the output rows."""
     outputs, delta = _call_function(spec, params, cached, groups, stats)
     delta_table = _delta_table(spec, params, delta)
-    first = params.version_of(partition) is None
+    version = params.version_of(partition)
     stats.delta_bytes = spec.store.write_version(
-        spec.generation, FileHeader(params.batch_time, partition, DELTA, first=first), delta_table)
+        spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table)
     if delta_table.num_rows:
         cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
-    version = params.version_of(partition)
     if (version is not None and cached.data.version == version
             and cached.data.deltas_since_snapshot >= SNAPSHOT_EVERY):
         # Twice the deltas: a background snapshot was lost with its process (a driver or
