@@ -16,27 +16,68 @@ _UNITS_MS = {
     "h": 3_600_000, "hour": 3_600_000, "hours": 3_600_000,
     "d": 86_400_000, "day": 86_400_000, "days": 86_400_000,
     "week": 604_800_000, "weeks": 604_800_000,
-    "month": 31 * 86_400_000, "months": 31 * 86_400_000,  # as Spark counts a month in a timeout: 31 days
+    # As Spark counts a month in a delay or a timeout: 31 days; a year: 12 such months.
+    "month": 31 * 86_400_000, "months": 31 * 86_400_000,
+    "year": 12 * 31 * 86_400_000, "years": 12 * 31 * 86_400_000,
 }
-_PART = re.compile(r"\s*([+-]?\d+(?:\.\d+)?)\s*([a-z]+)")
+# A number may be quoted, as in SQL's interval literals: "interval '3' day".
+_PART = re.compile(r"\s*(?:'([+-]?\d+(?:\.\d+)?)'|([+-]?\d+(?:\.\d+)?))\s*([a-z]+)")
+_N = r"(\d+)"
+_F = r"(\d+(?:\.\d+)?)"
+# SQL's ANSI interval literals, "interval '1 2:3:4' day to second": the quoted fields, in order,
+# are the units named (Spark's IntervalUtils).
+_ANSI = {
+    ("year", "month"): (re.compile(rf"([+-]?){_N}-{_N}"), ("year", "month")),
+    ("day", "hour"): (re.compile(rf"([+-]?){_N} {_N}"), ("day", "hour")),
+    ("day", "minute"): (re.compile(rf"([+-]?){_N} {_N}:{_N}"), ("day", "hour", "minute")),
+    ("day", "second"): (re.compile(rf"([+-]?){_N} {_N}:{_N}:{_F}"), ("day", "hour", "minute", "second")),
+    ("hour", "minute"): (re.compile(rf"([+-]?){_N}:{_N}"), ("hour", "minute")),
+    ("hour", "second"): (re.compile(rf"([+-]?){_N}:{_N}:{_F}"), ("hour", "minute", "second")),
+    ("minute", "second"): (re.compile(rf"([+-]?){_N}:{_F}"), ("minute", "second")),
+}
+_ANSI_FORM = re.compile(r"'([^']*)'\s+([a-z]+)\s+to\s+([a-z]+)")
 
 
 def _text_ms(text: str, what: str) -> float:
     """"1s", "500 ms", "1 hour 30 minutes", "interval 2 days", "-1 month 31 days 1 second" (the
-    parts add up, as in Spark's interval strings)."""
+    parts add up, as in Spark's interval strings), "interval '3' day", and the ANSI forms such
+    as "interval '1 2:3:4' day to second" or "interval '1-2' year to month"."""
     body = text.strip().lower()
-    if body.startswith("interval "):
-        body = body[len("interval "):]
+    if body.startswith("interval") and body[len("interval"):][:1].isspace():
+        body = body[len("interval"):].strip()
+    ansi = _ANSI_FORM.fullmatch(body)
+    total = _ansi_ms(ansi) if ansi else _parts_ms(body)
+    if total is None:
+        raise ConfigurationError(f"{what} {text!r} is not a duration; write it like '500ms', '1s', '2 minutes', "
+                                 "'1 hour 30 minutes', \"interval '1 2:30:00' day to second\"")
+    return total
+
+
+def _parts_ms(body: str) -> float | None:
+    """"1 day 2 hours", "'1' day '2' hours": the parts added up, or None if a part is not one."""
     total, position, parts = 0.0, 0, 0
     for match in _PART.finditer(body):
-        if match.start() != position or match.group(2) not in _UNITS_MS:
-            break
-        total += float(match.group(1)) * _UNITS_MS[match.group(2)]
+        number, unit = match.group(1) or match.group(2), match.group(3)
+        if match.start() != position or unit not in _UNITS_MS:
+            return None
+        total += float(number) * _UNITS_MS[unit]
         position, parts = match.end(), parts + 1
-    if parts == 0 or body[position:].strip():
-        raise ConfigurationError(f"{what} {text!r} is not a duration; write it like '500ms', '1s', '2 minutes', "
-                                 "'1 hour 30 minutes'")
-    return total
+    return total if parts and not body[position:].strip() else None
+
+
+def _ansi_ms(form: re.Match[str]) -> float | None:
+    """An ANSI interval's milliseconds, or None when its fields do not fit the units it names."""
+    fields, start, end = form.groups()
+    known = _ANSI.get((start, end))
+    if known is None:
+        return None
+    pattern, units = known
+    values = pattern.fullmatch(fields.strip())
+    if values is None:
+        return None
+    sign, *numbers = values.groups()
+    total = sum(float(n) * _UNITS_MS[u] for n, u in zip(numbers, units, strict=True))
+    return -total if sign == "-" else total
 
 
 def parse_duration_ms(value: object, what: str = "duration", allow_zero: bool = False) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any, ClassVar, Self
 
 from batchline.batch_time import format_batch_time
@@ -17,6 +18,7 @@ __all__ = [
     "SparkGoneError",
     "short_cause",
     "error_text",
+    "error_chain",
     "SourceError",
     "SinkError",
     "JavaNotFoundError",
@@ -226,6 +228,16 @@ class SparkGoneError(BatchlineError):
         again = ("start the pipeline again: it resumes from its checkpoint" if checkpointed
                  else "start the pipeline again (it has no checkpoint location, so it starts fresh)")
         super().__init__(f"the Spark JVM is gone ({why}); {done}; {again}")
+
+
+def error_chain(error: BaseException) -> Iterator[BaseException]:
+    """``error``, then what it was raised from or while handling, once each."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
 
 
 def error_text(error: BaseException) -> str:

@@ -92,6 +92,14 @@ class Stream:
         taken to go on with the clock, so the watermark moves on and the last windows of a
         quiet stream close (Flink's source idleness). Without it, as in Spark, the watermark
         waits for the next row."""
+        upstream = self.node.watermark()
+        if upstream is not None:
+            # As Spark ("Redefining watermark is disallowed"): two delays on one path would make
+            # the rows late by one and the windows closed by the other.
+            raise ConfigurationError(
+                f"with_watermark({event_time_column!r}, ...): this stream already has a watermark on "
+                f"{upstream.column!r} from a with_watermark (or a windowed aggregation) upstream; keep one "
+                "with_watermark per path: drop the upstream one, or set this one where the event time is defined")
         idle_ms = None if idle_timeout is None else parse_duration_ms(idle_timeout, "idle timeout")
         watermark = Watermark(event_time_column, parse_duration_ms(delay, "watermark delay", allow_zero=True), idle_ms)
         return self._derive(WatermarkNode(self.node, watermark))

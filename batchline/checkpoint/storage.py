@@ -18,6 +18,7 @@ import enum
 import errno
 import functools
 import hashlib
+import itertools
 import json
 import logging
 import os
@@ -31,7 +32,7 @@ from typing import Any, TypeVar
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
 
-from batchline.errors import BatchlineError, CarriedError
+from batchline.errors import BatchlineError, CarriedError, error_chain
 
 __all__ = ["CheckpointStorage", "CorruptFileError", "ExclusiveCreate", "RawJson", "StorageFullError",
            "StorageUnreachableError", "TornFileError", "fsync_path", "is_unreachable", "seal", "unseal"]
@@ -194,16 +195,12 @@ def is_unreachable(error: BaseException) -> bool:
     """Whether ``error``, or an error it carries, says the store could not be reached (as opposed
     to an answer: a missing or existing file, no permission, no space), and was not waited for
     already."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    for cause in error_chain(error):
         if isinstance(cause, (FileNotFoundError, FileExistsError, PermissionError, StorageFullError,
                               StorageUnreachableError)):  # the last: waited for already
             return False
         if any(cls.__name__ in _UNREACHABLE_NAMES for cls in type(cause).__mro__):
             return True
-        cause = cause.__cause__ or cause.__context__
     return _s3_error_code(error) in _UNREACHABLE_CODES
 
 
@@ -221,15 +218,11 @@ def _conditional_create(fs: Any) -> ExclusiveCreate | None:
 
 def _s3_error_code(error: BaseException) -> str | None:
     """The S3 error code behind an error s3fs translated (it keeps the ClientError as cause)."""
-    seen: set[int] = set()
-    cause: BaseException | None = error
-    while cause is not None and id(cause) not in seen:
-        seen.add(id(cause))
+    for cause in error_chain(error):
         response = getattr(cause, "response", None)
         if isinstance(response, dict):
             code = response.get("Error", {}).get("Code")
             return str(code) if code is not None else None
-        cause = cause.__cause__
     return None
 
 
@@ -312,6 +305,12 @@ class CheckpointStorage:
                 logger.info("Reached %s again %s", self.url, what)
             return result
 
+    def _reaching_again(self, what: str, call: Callable[[bool], _T]) -> _T:
+        """As ``_reaching``, telling ``call`` whether it runs again: the answer to an earlier
+        try may have been lost, so what that try did may be found done."""
+        tries = itertools.count()
+        return self._reaching(what, lambda: call(next(tries) > 0))
+
     def exists(self, relative: str) -> bool:
         path = self.path(relative)
 
@@ -340,18 +339,14 @@ class CheckpointStorage:
         conditional PUT (``If-None-Match: *``), whole or not at all. A write tried again after
         the store could not be reached that finds the name taken by these very bytes was this
         write's own: its answer was lost."""
-        tried = False
-
-        def write() -> None:
-            nonlocal tried
-            again, tried = tried, True
+        def write(again: bool) -> None:
             try:
                 self._write_new(relative, data)
             except FileExistsError:
                 if again and self.read(relative) == data:
                     return
                 raise
-        self._reaching(f"(writing {relative})", write)
+        self._reaching_again(f"(writing {relative})", write)
 
     def _write_new(self, relative: str, data: bytes) -> None:
         path = self.path(relative)
@@ -446,17 +441,13 @@ class CheckpointStorage:
 
     def delete(self, relative: str, recursive: bool = False) -> bool:
         """Delete a file (or a folder, ``recursive``); False when the store says it was not there."""
-        tried = False
-
-        def delete() -> bool:
-            nonlocal tried
-            again, tried = tried, True
+        def delete(again: bool) -> bool:
             try:
                 self.fs.rm(self.path(relative), recursive=recursive)
             except FileNotFoundError:
                 return again  # tried again: the first try, whose answer was lost, deleted it
             return True
-        return self._reaching(f"(deleting {relative})", delete)
+        return self._reaching_again(f"(deleting {relative})", delete)
 
     def list_names(self, relative_dir: str) -> list[str]:
         """Names in a folder, for recovery only (never to find what this process just wrote)."""

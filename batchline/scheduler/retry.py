@@ -19,16 +19,15 @@ stop; the next start finishes what it left.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pyspark.errors import AnalysisException
 
 from batchline.checkpoint.lease import FencedError
 from batchline.durations import parse_duration_ms
-from batchline.errors import ConfigurationError
+from batchline.errors import ConfigurationError, error_chain
 
-__all__ = ["RetryPolicy", "error_chain", "is_deterministic"]
+__all__ = ["RetryPolicy", "is_deterministic"]
 
 _DETERMINISTIC: tuple[type[BaseException], ...] = (AnalysisException, FencedError)
 """Errors from outside ``batchline.errors`` that a retry would only repeat: a query Spark
@@ -104,13 +103,3 @@ class RetryPolicy:
 def is_deterministic(error: BaseException) -> bool:
     """True when ``error`` or an error it was raised from says a retry would fail the same way."""
     return any(isinstance(e, _DETERMINISTIC) or getattr(e, "retryable", True) is False for e in error_chain(error))
-
-
-def error_chain(error: BaseException) -> Iterator[BaseException]:
-    """``error``, then what it was raised from or while handling, once each."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        yield current
-        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)

@@ -15,9 +15,8 @@ from typing import Protocol
 
 from pyspark.sql import DataFrame
 
-from batchline.errors import MissingBatchParamsError
+from batchline.errors import MissingBatchParamsError, error_chain
 from batchline.scheduler.job import FailedIn, Job, JobKind
-from batchline.scheduler.retry import error_chain
 from batchline.state.contract import BatchParams, StateFunctionError, Stats
 from batchline.state.operator_batch import OperatorBatch, Started
 from batchline.state.store import DamagedStateFileError, KeptOutputLostError

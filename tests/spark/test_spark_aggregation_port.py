@@ -503,9 +503,6 @@ def test_update_mode(spark, tmp_path):
         h.stop()
 
 
-@pytest.mark.xfail(strict=True, raises=ConfigurationError, reason=(
-    "suspected bug: durations know 'month' (31 days, as Spark) but not 'year'/'years', so with_watermark(col, "
-    "'2 years 5 months') is refused; Spark reads it as 29 months of 31 days"))
 def test_delay_in_months_and_years_handled_correctly(spark, tmp_path):
     """EventTimeWatermarkSuite: "delay in months and years handled correctly": a delay of
     "2 years 5 months" is 29 months of 31 days, as Spark counts them."""
@@ -604,9 +601,6 @@ def test_delay_threshold_should_not_be_negative(spark, tmp_path):
             stream.with_watermark("value", delay)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "undocumented difference: a second with_watermark downstream of a first is accepted silently (the nearest "
-    "wins); Spark refuses 'Redefining watermark is disallowed'; not in the README's table"))
 def test_overriding_watermark_should_not_be_allowed_by_default(spark, tmp_path):
     """EventTimeWatermarkSuite: "overriding watermark should not be allowed by default": a
     second ``withWatermark`` downstream of a first is refused ("Redefining watermark is
@@ -637,9 +631,6 @@ def test_no_data_flag(spark, tmp_path):
         h.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "suspected bug: delays in years ('1 years', 'interval 1 year') and Spark's quoted/ANSI interval forms "
-    "(\"interval '3' day\", \"interval '1 2:3:4' day to second\", \"interval '1-2' year to month\") are refused"))
 def test_spark_35815_ansi_intervals_for_delay_threshold(spark, tmp_path):
     """EventTimeWatermarkSuite: "SPARK-35815: Support ANSI intervals for delay threshold"
     (each form of a delay gives the same milliseconds, a month of 31 days; malformed ones are

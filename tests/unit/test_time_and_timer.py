@@ -29,6 +29,27 @@ def test_bad_durations_are_refused_with_a_hint(value):
         parse_duration_ms(value, "batch interval")
 
 
+_DAY = 86_400_000
+
+
+@pytest.mark.parametrize(
+    ("value", "ms"),
+    [("1 year", 12 * 31 * _DAY), ("2 years 5 months", 29 * 31 * _DAY), ("interval '3' day", 3 * _DAY),
+     ("interval '1' day '2' hours", 26 * 3_600_000), ("interval '1 2:3:4' day to second", 93_784_000),
+     ("interval '1-2' year to month", 14 * 31 * _DAY), ("interval '1 2' day to hour", 26 * 3_600_000),
+     ("interval '2:30' hour to minute", 9_000_000), ("interval '1:2.5' minute to second", 62_500)],
+)
+def test_years_quoted_numbers_and_ansi_intervals_parse_as_spark_counts_them(value, ms):
+    assert parse_duration_ms(value) == ms
+
+
+@pytest.mark.parametrize("value", ["interval '1 2:3:4' day to hour", "interval '1 2' year to month",
+                                   "interval '1-2' month to year", "intrval '3' day", "interval '5' foo"])
+def test_ansi_intervals_whose_fields_do_not_fit_their_units_are_refused(value):
+    with pytest.raises(ConfigurationError, match="day to second"):
+        parse_duration_ms(value, "delay")
+
+
 def test_batch_time_is_a_stable_int_id_with_a_readable_form():
     t = BatchTime(1_700_000_001_000)
     assert t == 1_700_000_001_000 and hash(t) == hash(1_700_000_001_000)
