@@ -34,6 +34,7 @@ from batchline.clock import Clock
 from batchline.errors import ContextStateError
 from batchline.recovery.restart import plan_restart
 from batchline.scheduler.job import Job
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.streams import PipelineRuntime
 
 __all__ = ["BatchCommit"]
@@ -111,6 +112,9 @@ class BatchCommit:
         finished = self.pipeline.finished_after()
         if finished is not None and batch_time >= finished and self._on_finished is not None:
             self._on_finished(batch_time)
+
+    def operator_progress(self, batch_time: int) -> dict[str, StateOperatorProgress]:
+        return self.pipeline.operator_progress(batch_time)
 
     def _finished_before(self, batch_time: int) -> bool:
         finished = self.pipeline.finished_after()

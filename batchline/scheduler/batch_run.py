@@ -16,7 +16,9 @@ A batch's life, in the order of its methods:
    (``_commit``): the pipeline counts, verifies, writes the commit marker and moves every
    node on (``recovery.batch_commit``), and the generator cleans up and checkpoints.
 5. COMMITTED; or FAILED for good; or CANCELLED, by a stop or because the batch before it
-   failed. Each end is told to the lifecycle, which builds the batch's progress record.
+   failed. What each stateful operator did in the batch is taken from it before its commit
+   (or as it fails), and each end is told to the lifecycle, which builds the batch's progress
+   record from the run's ``JobSet``.
 
 The job scheduler keeps what is about many batches: the slots, the threads, cancelling and
 shutting down (``Scheduling``).
@@ -36,6 +38,7 @@ from batchline.errors import BatchFailedError, ContextStateError, carried_error_
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, FailedIn, Job, JobSet, PendingCommit
 from batchline.scheduler.lifecycle import BatchLifecycle
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.scheduler.retry import RetryPolicy
 
 __all__ = ["BatchRun", "RunState", "BatchPipeline", "Scheduling"]
@@ -80,6 +83,9 @@ class BatchPipeline(Protocol):
     def commit(self, batch_time: int) -> None:
         """Every job of the batch succeeded: make the batch durable (count, verify, commit marker,
         move every node on)."""
+
+    def operator_progress(self, batch_time: int) -> dict[str, StateOperatorProgress]:
+        """What each stateful operator did in the batch (so far), by name."""
 
 
 class Scheduling(Protocol):
@@ -354,6 +360,8 @@ class BatchRun:
         job_set, clock = self.job_set, scheduling.clock
         job_set.processing_end_time = clock.now_ms()
         try:
+            # Taken before the commit: once committed, an operator may let go of its part of the batch.
+            job_set.state_operators = self._pipeline.operator_progress(self.time)
             # Not retried: the commit marker may already be written, and a fenced driver must stop.
             self._pipeline.commit(self.time)
             if self._on_committed is not None:
@@ -377,6 +385,10 @@ class BatchRun:
         job_set = self.job_set
         job_set.processing_end_time = scheduling.clock.now_ms()
         job_set.failure = str(error)
+        try:
+            job_set.state_operators = self._pipeline.operator_progress(self.time)
+        except Exception:
+            logger.exception("Could not read the operators' progress of failed batch %d for its record", self.time)
         job_set.move_to(BatchState.FAILED)
         self._move(RunState.CANCELLED if stopped else RunState.FAILED)
         scheduling.lifecycle.finished(job_set, self.attempts, cancelled=stopped)

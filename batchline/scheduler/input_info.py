@@ -6,8 +6,6 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from batchline.scheduler.progress import StateOperatorProgress
-
 __all__ = ["StreamInputInfo", "InputInfoTracker"]
 
 
@@ -27,12 +25,12 @@ class StreamInputInfo:
 
 
 class InputInfoTracker:
-    """Per batch: what each input contributed, and what each stateful operator did."""
+    """Per batch: what each input contributed (sources report while the batch is planned and
+    as its jobs count their rows)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_batch: dict[int, dict[int, StreamInputInfo]] = {}
-        self._operators: dict[int, dict[str, StateOperatorProgress]] = {}
 
     def report(self, batch_time: int, info: StreamInputInfo) -> None:
         """Record (or replace, once counts are known) an input's statistics for a batch."""
@@ -43,20 +41,9 @@ class InputInfoTracker:
         with self._lock:
             return dict(self._by_batch.get(batch_time, {}))
 
-    def report_operator(self, batch_time: int, progress: StateOperatorProgress) -> None:
-        """Record a stateful operator's progress for a batch."""
-        with self._lock:
-            self._operators.setdefault(batch_time, {})[progress.operator] = progress
-
-    def get_operators(self, batch_time: int) -> dict[str, StateOperatorProgress]:
-        with self._lock:
-            return dict(self._operators.get(batch_time, {}))
-
     def cleanup(self, threshold_time: int) -> None:
         """Forget batches strictly older than ``threshold_time``."""
         with self._lock:
             for batch_time in [t for t in self._by_batch if t < threshold_time]:
                 del self._by_batch[batch_time]
-            for batch_time in [t for t in self._operators if t < threshold_time]:
-                del self._operators[batch_time]
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from batchline.errors import ContextStateError
 from batchline.scheduler.input_info import StreamInputInfo
-from batchline.scheduler.progress import JobTiming
+from batchline.scheduler.progress import JobTiming, StateOperatorProgress
 
 __all__ = ["Job", "JobKind", "JobSet", "BatchState", "BatchTrace", "FailedIn", "PendingCommit"]
 
@@ -111,6 +111,8 @@ class JobSet:
     generation_ms: int = 0
     """How long taking the batch's input and building its jobs took."""
     trace: BatchTrace = field(default_factory=BatchTrace)
+    state_operators: dict[str, StateOperatorProgress] = field(default_factory=dict)
+    """What each stateful operator did in the batch, by name: taken from them as the batch ends."""
 
     def move_to(self, state: BatchState) -> None:
         if state not in _ALLOWED[self.state]:

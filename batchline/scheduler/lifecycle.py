@@ -160,7 +160,7 @@ class BatchLifecycle:
             processing_end_time=job_set.processing_end_time,
             input_infos=self._input_info.get_info(job_set.time) or job_set.input_infos,
             failure=failure or job_set.failure,
-            state_operators=self._input_info.get_operators(job_set.time),
+            state_operators=job_set.state_operators,
             attempts=attempts,
             excluded_executors=self._excluded() if attempts else [],
         )

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from pyspark.accumulators import Accumulator
 
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.state.contract import BatchParams, PartitionFacts, Stats
 
 __all__ = ["OperatorBatch", "Started"]
@@ -56,6 +57,8 @@ class OperatorBatch:
     all succeeded."""
     facts_pending: bool = False
     """``facts_after`` waits for the batch's jobs to succeed (a failed attempt's never count)."""
+    progress: StateOperatorProgress | None = None
+    """What the operator did in the batch, for the batch's progress record (the last attempt's)."""
 
     def took_on(self, stats: Stats, ran: frozenset[int], facts: dict[int, PartitionFacts] | None) -> None:
         """Its tasks ran and reported ``stats``: ``ran`` wrote its version and leave ``facts``."""

@@ -41,6 +41,7 @@ from batchline.checkpoint.events import OperatorInitialized
 from batchline.choices import choose
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job, JobKind
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.spark import forget_accumulator
 from batchline.state import operator
 from batchline.state.contract import LATE_AT, BatchParams, OperatorSpec, PartitionFacts, Stats
@@ -451,9 +452,9 @@ class StatefulRuntime(StreamRuntime):
         return any(batch.awaiting_commit for batch in tuple(self._batches.values()))
 
     def _skip(self, batch_time: int, watermark_ms: int | None) -> None:
-        self._part_of(batch_time).skipped = True
-        self.env.input_info.report_operator(batch_time, operator_progress(
-            self.name, self._known_totals(), watermark_ms, 0, len(self._drained)))
+        batch = self._part_of(batch_time)
+        batch.skipped = True
+        batch.progress = operator_progress(self.name, self._known_totals(), watermark_ms, 0, len(self._drained))
         logger.debug("Operator %s skips batch %s: no row and no timer due", self.name, format_batch_time(batch_time))
 
     def _run(self, batch_time: int, df: DataFrame) -> None:
@@ -541,8 +542,7 @@ class StatefulRuntime(StreamRuntime):
         totals = stats if facts is None else dataclasses.replace(
             stats, state_keys=sum(f.keys for f in facts.values()),
             state_bytes=sum(f.state_bytes for f in facts.values()))
-        self.env.input_info.report_operator(batch_time, operator_progress(
-            self.name, totals, watermark, len(batch.kept), len(self._drained)))
+        batch.progress = operator_progress(self.name, totals, watermark, len(batch.kept), len(self._drained))
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
@@ -638,6 +638,10 @@ class StatefulRuntime(StreamRuntime):
                 self._checkpoint.events.forget_partition_finished(batch_time, self.name, generation, partition)
                 return False
         return True
+
+    def operator_progress(self, batch_time: int) -> StateOperatorProgress | None:
+        batch = self.batch(batch_time)
+        return batch.progress if batch is not None else None
 
     def verify(self, batch_time: int) -> None:
         """Every state partition ran: a partition that did not would lose its keys' batch."""

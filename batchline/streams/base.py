@@ -26,6 +26,7 @@ from batchline.checkpoint.manager import CheckpointManager
 from batchline.clock import Clock
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.sinks.sink import ArrowFunction
 
@@ -296,6 +297,10 @@ class StreamRuntime(ABC):
 
     def verify(self, batch_time: int) -> None:
         """Raise when the batch's work is incomplete (a state partition that did not run)."""
+        return None
+
+    def operator_progress(self, batch_time: int) -> StateOperatorProgress | None:
+        """What a stateful operator did in the batch, for its progress record; None for other nodes."""
         return None
 
     def progress(self) -> dict[str, Any] | None:

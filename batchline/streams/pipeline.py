@@ -13,6 +13,7 @@ from typing import Any
 from batchline.batch_time import format_batch_time
 from batchline.errors import ConfigurationError
 from batchline.scheduler.job import Job
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime
 from batchline.streams.graph import StreamGraph
 from batchline.streams.inputs import InputRuntime
@@ -218,6 +219,10 @@ class PipelineRuntime:
     def verify(self, batch_time: int) -> None:
         for runtime in self.runtimes:
             runtime.verify(batch_time)
+
+    def operator_progress(self, batch_time: int) -> dict[str, StateOperatorProgress]:
+        found = (runtime.operator_progress(batch_time) for runtime in self.runtimes)
+        return {progress.operator: progress for progress in found if progress is not None}
 
     def on_batch_committed(self, batch_time: int) -> None:
         for runtime in self.runtimes:

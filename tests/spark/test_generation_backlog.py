@@ -98,6 +98,9 @@ class FakeBatches:
     def clear_metadata(self, batch_time):
         self.loop.add("cleared", batch_time)
 
+    def operator_progress(self, batch_time):
+        return {}
+
     def checkpoint(self, batch_time, pending):
         return SimpleNamespace(time=batch_time, pending_times=pending)
 

@@ -27,6 +27,9 @@ class _NothingToCommit:
     def commit(self, batch_time: int) -> None:
         pass
 
+    def operator_progress(self, batch_time: int) -> dict:
+        return {}
+
 
 def _run(job_set: JobSet) -> BatchRun:
     return BatchRun(job_set, _NothingToCommit())

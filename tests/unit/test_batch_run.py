@@ -14,6 +14,7 @@ from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, Job, JobKind, JobSet, PendingCommit
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.listener import ListenerBus
+from batchline.scheduler.progress import StateOperatorProgress
 from batchline.scheduler.retry import RetryPolicy
 
 
@@ -57,12 +58,19 @@ class Pipeline:
     def __init__(self) -> None:
         self.runs: dict[int, BatchRun] = {}
         self.committed: list[tuple[int, RunState]] = []
+        self.operators: dict[int, StateOperatorProgress] = {}
+        """What an operator did, by batch; it lets go of it once the batch commits."""
 
     def jobs_for(self, batch_time: int) -> list[Job]:
         return []
 
     def commit(self, batch_time: int) -> None:
         self.committed.append((batch_time, self.runs[batch_time].state))
+        self.operators.pop(batch_time, None)
+
+    def operator_progress(self, batch_time: int) -> dict[str, StateOperatorProgress]:
+        done = self.operators.get(batch_time)
+        return {done.operator: done} if done is not None else {}
 
 
 class Staged(PendingCommit):
@@ -161,3 +169,22 @@ def test_a_transition_a_batch_cannot_make_is_refused(start, to):
     with pytest.raises(ContextStateError, match=f"cannot go from {start.value} to {to.value}"):
         run._move(to)
     assert run.state is start
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_what_the_operators_did_goes_into_the_batchs_record_before_they_let_go_of_it(fails):
+    scheduling, pipeline = Scheduling(), Pipeline()
+
+    def sessions():
+        pipeline.operators[11_000] = StateOperatorProgress(
+            "sessions", input_rows=5, late_rows=0, keys_called=2, updated=2, removed=0, timed_out=0, output_rows=1,
+            state_keys=2, watermark_ms=None)
+        if fails:
+            raise ValueError("a bad row")
+
+    run = batch(pipeline, 11_000, Job(11_000, "sessions", sessions, JobKind.STATE))
+    run.queue(None, scheduling.lifecycle)
+    run.run(scheduling)
+    (record,) = scheduling.lifecycle.recent_progress
+    assert record.status == ("failed" if fails else "completed")
+    assert [(op.operator, op.input_rows, op.updated) for op in record.state_operators] == [("sessions", 5, 2)]

@@ -70,8 +70,7 @@ def run_batch(lifecycle, clock, tracker, *, fail_first: bool = False, cancel: bo
         clock.advance(took)
         lifecycle.job_finished(job_set, job, started, clock.now_ms())
     tracker.report(BATCH, StreamInputInfo(0, "files", 500, dead_letters=4, metadata={"files": ["a.json"]}))
-    tracker.report_operator(BATCH, operator("sessions", 6, 8_000))
-    tracker.report_operator(BATCH, operator("joined", 9, 7_000))
+    job_set.state_operators = {"sessions": operator("sessions", 6, 8_000), "joined": operator("joined", 9, 7_000)}
     job_set.processing_end_time = clock.now_ms()
     clock.advance(10)
     if cancel:
