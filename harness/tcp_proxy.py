@@ -70,9 +70,10 @@ class TcpProxy:
     def _pipe(self, client: socket.socket, server: socket.socket) -> None:
         peers = {client: server, server: client}
         with selectors.DefaultSelector() as selector:
-            for end in peers:
-                selector.register(end, selectors.EVENT_READ)
             try:
+                # down() may have closed the pair already (its fd is then -1: ValueError).
+                for end in peers:
+                    selector.register(end, selectors.EVENT_READ)
                 while True:
                     for key, _ in selector.select():
                         end: socket.socket = key.fileobj  # type: ignore[assignment]
@@ -80,7 +81,7 @@ class TcpProxy:
                         if not data:
                             return
                         peers[end].sendall(data)
-            except OSError:
+            except (OSError, ValueError):
                 return
             finally:
                 with self._lock:
