@@ -31,6 +31,9 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, BooleanType, LongType, StructField, StructType
@@ -39,7 +42,9 @@ from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.built_in import BuiltInNode
+from batchline.state.bulk import DueKeys, TimedOut, TimesOutInBulk
 from batchline.state.contract import LATE_AT
+from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX, TIMEOUT_COL
 from batchline.state.group_state import GroupState, GroupStateTimeout, TimeoutNotEnabledError
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
@@ -153,10 +158,12 @@ class _JoinInput:
 
 
 @dataclasses.dataclass(frozen=True)
-class JoinRows:
+class JoinRows(TimesOutInBulk):
     """The join's state function; plain data, pickled into the tasks. The state is
     ``(left rows, right rows)``: each a list of the side's buffered rows as dicts of its columns,
-    ``TIME`` and ``MATCHED``."""
+    ``TIME`` and ``MATCHED``. Keys that only time out (most keys, once, when their rows pass
+    the watermark) go in bulk over Arrow columns (``time_out``), exactly as ``__call__``
+    would have left them."""
 
     how: JoinType
     side_index: int
@@ -217,6 +224,51 @@ class JoinRows:
             state.remove()
         return out
 
+    def time_out(self, due: DueKeys) -> TimedOut:
+        """``__call__`` for keys that timed out, over all of them at once: each side's rows at
+        or before the watermark minus ``evict_after`` go (an outer side's unmatched ones out,
+        with nulls), the others stay and set the key's deadline; a key left with no row goes."""
+        entries, watermark = due.entries, due.watermark_ms
+        count = entries.num_rows
+        sides = [_Side.of(entries.column(STATE_PREFIX + name), self.evict_after[side], watermark)
+                 for side, name in ((LEFT, "left"), (RIGHT, "right"))]
+        deadline = np.full(count, _NO_DEADLINE, dtype=np.int64)
+        for part in sides:
+            part.lower_deadlines(deadline)
+        held = sides[LEFT].kept_per_key(count) + sides[RIGHT].kept_per_key(count)
+        removed = held == 0
+        has_deadline = (deadline != _NO_DEADLINE) & ~removed
+        # As __call__'s set_timeout_timestamp(max(deadline, watermark or 1, 1)).
+        deadline = np.maximum(deadline, max(watermark or 1, 1))
+        state_columns = [part.kept_lists(entries.schema.field(STATE_PREFIX + name).type, removed)
+                         for part, name in zip(sides, ("left", "right"), strict=True)]
+        state = pa.table({STATE_PREFIX + "left": state_columns[LEFT], STATE_PREFIX + "right": state_columns[RIGHT],
+                          TIMEOUT_COL: pa.array(deadline, type=pa.int64(), mask=~has_deadline),
+                          REMOVED_COL: pa.array(removed, type=pa.bool_())})
+        return TimedOut(self._timed_out_rows(entries, sides, due.output_schema), state)
+
+    def _timed_out_rows(self, entries: pa.Table, sides: list[_Side], schema: pa.Schema) -> pa.Table:
+        """The outer sides' unmatched rows that go, with nulls for the other side: key by key
+        in the due keys' order, each key's left rows before its right rows."""
+        emitted = [part.emitted(self.how.keeps_unmatched[side]) for side, part in enumerate(sides)]
+        parents = np.concatenate([parent for _, parent in emitted])
+        if not len(parents):
+            return schema.empty_table()
+        order = pa.array(np.argsort(parents, kind="stable"))
+        keys = [entries.column(name) for name in entries.column_names if name.startswith(KEY_PREFIX)]
+        columns = []
+        for (source, where), field in zip(self.output, schema, strict=True):
+            if source < 0:
+                column: pa.Array | pa.ChunkedArray = keys[where if len(keys) > 1 else 0].take(pa.array(parents))
+            else:
+                rows, parent = emitted[source]
+                other = len(parents) - len(parent)
+                mine = rows.field(where).cast(field.type)
+                nulls = pa.nulls(other, field.type)
+                column = pa.concat_arrays([mine, nulls] if source == LEFT else [nulls, mine])
+            columns.append(column.take(order).cast(field.type))
+        return pa.Table.from_arrays(columns, schema=schema)
+
     def _meet(self, key: Any, arrived: tuple[list[dict[str, Any]], list[dict[str, Any]]],
               left: list[dict[str, Any]], right: list[dict[str, Any]], out: list[tuple[Any, ...]]) -> None:
         """New left rows meet the buffered right rows, then new right rows meet every left row."""
@@ -257,6 +309,63 @@ class JoinRows:
                 row = left if source == LEFT else right
                 values.append(None if row is None else row[where])
         return tuple(values)
+
+
+_NO_DEADLINE = np.iinfo(np.int64).max
+
+
+@dataclasses.dataclass
+class _Side:
+    """One side's buffered rows of a bulk timeout's keys, flattened: the rows, the key (row of
+    the due keys) each belongs to, and which of them go."""
+
+    lists: pa.ListArray
+    rows: pa.StructArray
+    parents: np.ndarray
+    goes: np.ndarray
+    times: np.ndarray
+    """Each row's time (0 where it has none: ``timed`` says which have one)."""
+    timed: np.ndarray
+    after: int | None
+
+    @classmethod
+    def of(cls, column: pa.ChunkedArray, after: int | None, watermark: int | None) -> _Side:
+        lists = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        rows = lists.flatten()  # a null list (a key without state) holds no row
+        parents = pc.list_parent_indices(lists).to_numpy()
+        time_column = rows.field(TIME)
+        timed = ~np.asarray(time_column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        times = pc.fill_null(time_column, 0).to_numpy()
+        if after is None or watermark is None:
+            # Kept for ever, and no deadline: as __call__, which evicts nothing without a watermark.
+            return cls(lists, rows, parents, np.zeros(len(rows), dtype=bool), times, timed, None)
+        return cls(lists, rows, parents, timed & (times <= watermark - after), times, timed, after)
+
+    def lower_deadlines(self, deadline: np.ndarray) -> None:
+        """Each key's deadline down to its kept rows' (``time + after - 1``: the watermark
+        passes it when the row goes)."""
+        if self.after is None:
+            return
+        dated = ~self.goes & self.timed
+        np.minimum.at(deadline, self.parents[dated], self.times[dated] + (self.after - 1))
+
+    def kept_per_key(self, count: int) -> np.ndarray:
+        return np.bincount(self.parents[~self.goes], minlength=count)
+
+    def kept_lists(self, list_type: pa.DataType, removed: np.ndarray) -> pa.Array:
+        """The side's state column after the timeout: its kept rows, a null for a removed key."""
+        offsets = np.zeros(len(removed) + 1, dtype=np.int32)
+        np.cumsum(self.kept_per_key(len(removed)), out=offsets[1:])
+        kept = self.rows.filter(pa.array(~self.goes)) if self.goes.any() else self.rows
+        return pa.ListArray.from_arrays(pa.array(offsets), kept, type=list_type, mask=pa.array(removed))
+
+    def emitted(self, keeps_unmatched: bool) -> tuple[pa.StructArray, np.ndarray]:
+        """The rows that go out without a match (if the side keeps them), and their keys."""
+        if not keeps_unmatched:
+            return self.rows.slice(0, 0), np.empty(0, dtype=np.int64)
+        matched = pc.fill_null(self.rows.field(MATCHED), False).to_numpy(zero_copy_only=False)
+        out = self.goes & ~np.asarray(matched, dtype=bool)
+        return self.rows.filter(pa.array(out)), self.parents[out].astype(np.int64)
 
 
 def _column(watermark: Watermark | None) -> str | None:
