@@ -200,6 +200,7 @@ class JoinRows(TimesOutInBulk):
         watermark = _watermark_ms(state)
         deadline: int | None = None
         if watermark is not None:
+            keeps_unmatched = self.how.keeps_unmatched  # a property: read once, not per row
             for side, rows_of_side in ((LEFT, left), (RIGHT, right)):
                 after = self.evict_after[side]
                 if after is None:
@@ -208,7 +209,7 @@ class JoinRows(TimesOutInBulk):
                 for stored in rows_of_side:
                     time = stored[TIME]
                     if time is not None and time <= watermark - after:
-                        if self.how.keeps_unmatched[side] and not stored[MATCHED]:
+                        if keeps_unmatched[side] and not stored[MATCHED]:
                             out.append(self._row(key, *((stored, None) if side == LEFT else (None, stored))))
                     else:
                         keep.append(stored)
