@@ -36,7 +36,22 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, BooleanType, LongType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from batchline.choices import choose
 from batchline.durations import parse_duration_ms
@@ -46,6 +61,7 @@ from batchline.state.bulk import DueKeys, TimedOut, TimesOutInBulk
 from batchline.state.contract import LATE_AT
 from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX, TIMEOUT_COL
 from batchline.state.group_state import GroupState, GroupStateTimeout, TimeoutNotEnabledError
+from batchline.state.schema import RowSchema
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
 
@@ -65,6 +81,15 @@ MATCHED = "__batchline_matched"
 """Whether a buffered row has met a row of the other side (an outer join emits it with nulls
 when it goes if not)."""
 _PREFIXES = ("__batchline_l_", "__batchline_r_")
+KEY = -1
+"""An output column that is the key (keys named alike on both sides appear once)."""
+SIDE_KEY = (-2, -3)
+"""An output column that is one side's key column (named otherwise on the other side): the
+key, when the output row has a row of that side."""
+_EXACT_KEYS = (LongType, IntegerType, ShortType, ByteType, StringType, BinaryType, BooleanType, DateType,
+               TimestampType, TimestampNTZType, DecimalType)
+"""Key types whose values equal the key only when they are the same value: a buffered row need
+not repeat them. Not floats: -0.0 and 0.0 are one key, and a row keeps its own."""
 
 
 class JoinType(enum.Enum):
@@ -171,8 +196,10 @@ class JoinRows(TimesOutInBulk):
     columns: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
     """Per side: (column name, index in an input row) of each of its columns."""
     output: tuple[tuple[int, Any], ...]
-    """Per output column: where it comes from (-1: the key, at the index given; LEFT or RIGHT:
-    that side's row, the column named)."""
+    """Per output column: where it comes from (``KEY``: the key, at the index given; LEFT or
+    RIGHT: that side's row, the column named; ``SIDE_KEY[side]``: the key at the index given,
+    as that side's own key column, which its buffered rows do not repeat: null when the row
+    has no row of that side)."""
     within: tuple[int, int] | None
     """(lower, upper) ms of the range condition, or None: every pair of equal keys meets."""
     evict_after: tuple[int | None, int | None]
@@ -260,7 +287,11 @@ class JoinRows(TimesOutInBulk):
         columns = []
         for (source, where), field in zip(self.output, schema, strict=True):
             if source < 0:
-                column: pa.Array | pa.ChunkedArray = keys[where if len(keys) > 1 else 0].take(pa.array(parents))
+                key = keys[where if len(keys) > 1 else 0]
+                column: pa.Array | pa.ChunkedArray = pa.concat_arrays([
+                    key.take(pa.array(parent)).combine_chunks().cast(field.type)
+                    if source in (KEY, SIDE_KEY[side]) else pa.nulls(len(parent), field.type)
+                    for side, (_, parent) in enumerate(emitted)])
             else:
                 rows, parent = emitted[source]
                 other = len(parents) - len(parent)
@@ -305,7 +336,8 @@ class JoinRows(TimesOutInBulk):
         values = []
         for source, where in self.output:
             if source < 0:
-                values.append(key[where] if isinstance(key, tuple) else key)
+                present = source == KEY or (left if source == SIDE_KEY[LEFT] else right) is not None
+                values.append((key[where] if isinstance(key, tuple) else key) if present else None)
             else:
                 row = left if source == LEFT else right
                 values.append(None if row is None else row[where])
@@ -419,6 +451,21 @@ class JoinNode(BuiltInNode):
         self.input_column = SIDE
         self.input_watermarks = watermarks
         self.event_time = None if watermarks == (None, None) else Watermark(EVENT_TIME, 0)
+        self._input_schema: StructType | None = None
+        """The schema ``derive`` was given (``check_stored_state`` derives the older layout from it)."""
+
+    def check_stored_state(self, stored: StructType) -> None:
+        """State written before buffered rows left their key columns out is read in its own
+        layout: the operator keeps that layout for as long as its state lives."""
+        current = self.state_schema.struct.simpleString()
+        if stored.simpleString() != current and self._input_schema is not None:
+            fn, state, output = self.derive(self._input_schema, keys_in_rows=True)
+            if stored.simpleString() == state.simpleString():
+                logger.info("Join %r keeps its stored state's layout, whose buffered rows repeat the key columns",
+                            self.name)
+                self.fn, self.state_schema, self.output_schema = fn, RowSchema.of(state), RowSchema.of(output)
+                return
+        super().check_stored_state(stored)
 
     def _check_bounded(self, what: str, watermarks: tuple[Watermark | None, Watermark | None],
                        evict: tuple[int | None, int | None]) -> None:
@@ -458,18 +505,31 @@ class JoinNode(BuiltInNode):
                            *self.key_names, sides[LEFT].alias("left"), sides[RIGHT].alias("right"),
                            F.col(EVENT_TIME).alias(LATE_AT))
 
-    def derive(self, input_schema: StructType) -> tuple[JoinRows, StructType, StructType]:
+    def derive(self, input_schema: StructType, keys_in_rows: bool = False) -> tuple[JoinRows, StructType, StructType]:
+        """The state function and schemas. A buffered row keeps its side's columns but the key
+        columns, which the state's key holds already (``keys_in_rows``: it keeps them too, the
+        layout of the state written before, see ``check_stored_state``)."""
+        self._input_schema = input_schema
         names = input_schema.fieldNames()
         fields: list[list[StructField]] = [[], []]
         columns: list[tuple[tuple[str, int], ...]] = []
+        stored_fields: list[list[StructField]] = [[], []]
+        dropped: list[dict[str, int]] = [{}, {}]
         for side, prefix in enumerate(_PREFIXES):
             found = [(f.name[len(prefix):], names.index(f.name), f) for f in input_schema.fields
                      if f.name.startswith(prefix)]
             fields[side] = [StructField(n, f.dataType, True) for n, _, f in found]
-            columns.append(tuple((n, i) for n, i, _ in found))
+            for index, pair in enumerate(self.pairs):
+                dtype = input_schema[self.pairs[index][0]].dataType
+                if not keys_in_rows and isinstance(dtype, _EXACT_KEYS):
+                    dropped[side][pair[side]] = index
+            columns.append(tuple((n, i) for n, i, _ in found if n not in dropped[side]))
+            stored_fields[side] = [f for f in fields[side] if f.name not in dropped[side]]
         output, out_fields = self._output_plan(fields)
-        stored = [StructType([*fields[side], StructField(TIME, LongType()), StructField(MATCHED, BooleanType())])
-                  for side in (LEFT, RIGHT)]
+        output = tuple((SIDE_KEY[source], dropped[source][where])
+                       if source >= 0 and where in dropped[source] else (source, where) for source, where in output)
+        stored = [StructType([*stored_fields[side], StructField(TIME, LongType()),
+                              StructField(MATCHED, BooleanType())]) for side in (LEFT, RIGHT)]
         state = StructType([StructField("left", ArrayType(stored[LEFT], False)),
                             StructField("right", ArrayType(stored[RIGHT], False))])
         fn = JoinRows(self.how, names.index(SIDE), names.index(TIME), (columns[LEFT], columns[RIGHT]), output,
@@ -487,7 +547,7 @@ class JoinNode(BuiltInNode):
             # A key named alike on both sides appears once, as in Spark's join(on=[names]).
             for i, (name, other) in enumerate(self.pairs):
                 if name == other:
-                    plan.append((-1, i))
+                    plan.append((KEY, i))
                     out.append(next(f for f in fields[LEFT] if f.name == name))
                     keys.add(name)
         sides = (LEFT,) if self.how is JoinType.LEFT_SEMI else (LEFT, RIGHT)

@@ -12,32 +12,40 @@ from typing import Any
 import pyarrow as pa
 import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
-from pyspark.sql.types import ByteType, LongType, StringType, StructField, StructType, TimestampType
+from pyspark.sql.types import ByteType, DoubleType, LongType, StringType, StructField, StructType, TimestampType
 
 from batchline.state.bulk import DueKeys, TimedOut, TimesOutInBulk
 from batchline.state.contract import BatchParams, OperatorSpec, StateFunctionError, Stats
 from batchline.state.entries import REMOVED_COL, STATE_PREFIX, TIMEOUT_COL, StateEntries
 from batchline.state.execution import PartitionCache, run_partition
 from batchline.state.group_state import GroupState, GroupStateTimeout
-from batchline.state.join import EVENT_TIME, SIDE, TIME, JoinNode, JoinType, Within
-from batchline.state.schema import RowSchema
+from batchline.state.join import EVENT_TIME, MATCHED, SIDE, TIME, JoinNode, JoinType, Within
+from batchline.state.schema import RowSchema, StateSchemaError
 from batchline.state.store import DELTA, MemoryStateStore
 
 T0 = 1_700_000_000_000
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def join_function(how: JoinType, key_type: Any = LongType()) -> tuple[Any, StructType, StructType, StructType]:
-    """The join's state function as ``Stream.join`` derives it, for two sides keyed by ``k``:
-    left ``(k, v string)``, right ``(k, at timestamp)``, right time within [-2 s, +5 s]."""
+def join_node(how: JoinType, key_type: Any = LongType(), right_key: str = "k") -> tuple[JoinNode, StructType]:
+    """A join as ``Stream.join`` builds it (without streams), for two sides keyed by ``k`` (the
+    right's named ``right_key``): left ``(k, v string)``, right ``(right_key, at timestamp)``,
+    right time within [-2 s, +5 s]; and its input's schema."""
     node = JoinNode.__new__(JoinNode)
     node.how, node.within, node.name = how, Within("t", "at", -2_000, 5_000), "joined"
-    node.pairs, node.evict_after = (("k", "k"),), (5_001, 2_001)
+    node.pairs, node.evict_after, node._input_schema = (("k", right_key),), (5_001, 2_001), None
     schema = StructType([StructField("k", key_type), StructField(SIDE, ByteType()), StructField(TIME, LongType()),
                          StructField(EVENT_TIME, LongType()), StructField("__batchline_l_k", key_type),
-                         StructField("__batchline_l_v", StringType()), StructField("__batchline_r_k", key_type),
+                         StructField("__batchline_l_v", StringType()), StructField(f"__batchline_r_{right_key}", key_type),
                          StructField("__batchline_r_at", TimestampType())])
-    fn, state, output = JoinNode.derive(node, schema)
+    return node, schema
+
+
+def join_function(how: JoinType, key_type: Any = LongType(), right_key: str = "k", keys_in_rows: bool = False
+                  ) -> tuple[Any, StructType, StructType, StructType]:
+    """The join's state function and schemas as ``Stream.join`` derives them (``join_node``)."""
+    node, schema = join_node(how, key_type, right_key)
+    fn, state, output = JoinNode.derive(node, schema, keys_in_rows)
     return fn, state, output, schema
 
 
@@ -101,8 +109,9 @@ def rows_of(seed: int, batches: int, keys: int, key_of: Any = int) -> list[list[
     return out
 
 
-def compare(how: JoinType, key_type: Any = LongType(), key_of: Any = int, seed: int = 1) -> int:
-    fn, state, output, schema = join_function(how, key_type)
+def compare(how: JoinType, key_type: Any = LongType(), key_of: Any = int, seed: int = 1, right_key: str = "k",
+            keys_in_rows: bool = False) -> int:
+    fn, state, output, schema = join_function(how, key_type, right_key, keys_in_rows)
     bulk, plain = Run(fn, state, output, schema, key_type), Run(per_key(fn), state, output, schema, key_type)
     timed_out = 0
     watermark: int | None = None
@@ -132,6 +141,55 @@ def test_the_join_times_keys_out_in_bulk_as_it_does_per_key(how):
 
 def test_string_keys_and_a_null_key_time_out_in_bulk_as_per_key():
     assert compare(JoinType.FULL, StringType(), lambda k: None if k == 0 else f"k{k}", seed=7) > 20
+
+
+@pytest.mark.parametrize("how", [JoinType.FULL, JoinType.LEFT_SEMI])
+def test_keys_named_otherwise_on_each_side_time_out_in_bulk_as_per_key(how):
+    assert compare(how, right_key="rk", seed=3) > 20
+
+
+@pytest.mark.parametrize("keys_in_rows", [True, False])
+def test_the_older_layout_and_float_keys_time_out_in_bulk_as_per_key(keys_in_rows):
+    assert compare(JoinType.FULL, right_key="rk", seed=5, keys_in_rows=keys_in_rows) > 20
+    assert compare(JoinType.FULL, DoubleType(), float, seed=5, keys_in_rows=keys_in_rows) > 20
+
+
+def test_buffered_rows_leave_out_exact_key_columns_but_not_float_ones():
+    def sides(state):
+        return [[f.name for f in state[side].dataType.elementType.fields] for side in ("left", "right")]
+
+    assert sides(join_function(JoinType.FULL, right_key="rk")[1]) == [["v", TIME, MATCHED], ["at", TIME, MATCHED]]
+    assert sides(join_function(JoinType.FULL, right_key="rk", keys_in_rows=True)[1]) == [
+        ["k", "v", TIME, MATCHED], ["rk", "at", TIME, MATCHED]]
+    assert sides(join_function(JoinType.FULL, DoubleType())[1]) == [["k", "v", TIME, MATCHED], ["k", "at", TIME, MATCHED]]
+
+
+def test_a_right_only_row_shows_only_the_right_key_when_the_keys_are_named_otherwise():
+    fn, state, output, schema = join_function(JoinType.FULL, right_key="rk")
+    assert [f.name for f in output.fields] == ["k", "v", "rk", "at"]
+    run = Run(fn, state, output, schema)
+    at = EPOCH + dt.timedelta(milliseconds=T0)
+    out, _, _ = run.batch(1, [(7, 0, T0, T0, 7, "a", None, None), (8, 1, T0, T0, None, None, 8, at)], 0)
+    assert out == []
+    out, _, _ = run.batch(2, [], T0 + 10_000)  # both rows pass the watermark: out with nulls, in bulk
+    assert sorted(out, key=repr) == sorted([{"k": 7, "v": "a", "rk": None, "at": None},
+                                            {"k": None, "v": None, "rk": 8, "at": at}], key=repr)
+
+
+def test_a_join_whose_state_repeats_the_keys_keeps_that_layout_and_refuses_others():
+    node, schema = join_node(JoinType.LEFT, right_key="rk")
+    node.resolved = False
+    node.resolve(schema)
+    lean = node.state_schema.struct
+    older = join_function(JoinType.LEFT, right_key="rk", keys_in_rows=True)[1]
+    assert lean != older
+    node.check_stored_state(lean)
+    assert node.state_schema.struct == lean
+    node.check_stored_state(older)  # a checkpoint written before: read, and written on, as it was
+    assert node.state_schema.struct == older
+    assert [name for name, _ in node.fn.columns[0]] == ["k", "v"]
+    with pytest.raises(StateSchemaError):
+        node.check_stored_state(StructType([StructField("left", LongType())]))
 
 
 def test_bulk_and_per_key_join_differ_on_a_seeded_bug(monkeypatch):
