@@ -240,7 +240,8 @@ def test_state_written_with_the_keys_in_each_row_restarts_in_its_own_layout(spar
     h = BatchHarness(spark, build, schemas, checkpoint=checkpoint, start_ms=h.batch_time).start()
     try:
         assert pairs(h.batch([(3, 20, 3)], [(1, 25, 10)])) == [(1, 1, 10)]
-        held = [side for row in read_state(spark, checkpoint, "join").collect() for side in (*row["left"], *row["right"])]
+        state = read_state(spark, checkpoint, "join").collect()
+        held = [side for row in state for side in (*row["left"], *row["right"])]
         assert held and all("key" in side.asDict() for side in held)
         assert pairs(h.batch([(9, 100, 9)], [(9, 100, 90)])) == [(9, 9, 90)]
         # The watermark (90 s) passes the rows of keys 1, 2 and 3: they time out, and 3's

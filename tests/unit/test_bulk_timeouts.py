@@ -36,7 +36,8 @@ def join_node(how: JoinType, key_type: Any = LongType(), right_key: str = "k") -
     node.pairs, node.evict_after, node._input_schema = (("k", right_key),), (5_001, 2_001), None
     schema = StructType([StructField("k", key_type), StructField(SIDE, ByteType()), StructField(TIME, LongType()),
                          StructField(EVENT_TIME, LongType()), StructField("__batchline_l_k", key_type),
-                         StructField("__batchline_l_v", StringType()), StructField(f"__batchline_r_{right_key}", key_type),
+                         StructField("__batchline_l_v", StringType()),
+                         StructField(f"__batchline_r_{right_key}", key_type),
                          StructField("__batchline_r_at", TimestampType())])
     return node, schema
 
@@ -161,7 +162,8 @@ def test_buffered_rows_leave_out_exact_key_columns_but_not_float_ones():
     assert sides(join_function(JoinType.FULL, right_key="rk")[1]) == [["v", TIME, MATCHED], ["at", TIME, MATCHED]]
     assert sides(join_function(JoinType.FULL, right_key="rk", keys_in_rows=True)[1]) == [
         ["k", "v", TIME, MATCHED], ["rk", "at", TIME, MATCHED]]
-    assert sides(join_function(JoinType.FULL, DoubleType())[1]) == [["k", "v", TIME, MATCHED], ["k", "at", TIME, MATCHED]]
+    assert sides(join_function(JoinType.FULL, DoubleType())[1]) == [["k", "v", TIME, MATCHED],
+                                                                     ["k", "at", TIME, MATCHED]]
 
 
 def test_a_right_only_row_shows_only_the_right_key_when_the_keys_are_named_otherwise():
