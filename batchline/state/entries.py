@@ -158,6 +158,42 @@ class StateEntries:
             found.update(zip((key for key, _ in hit), entries, strict=True))
         return found
 
+    def table_of(self, keys: list[Any]) -> pa.Table:
+        """The entries of ``keys`` (each must have one) in the files' layout, in that order,
+        without decoding the base's rows into Python values (a bulk timeout's input)."""
+        schema = self._schema
+        if schema is None:
+            raise ValueError("state entries without a layout; this is a bug in batchline")
+        fresh: list[tuple[Any, tuple[Any, ...] | None, int | None]] = []
+        fresh_at: list[int] = []
+        unseen: list[Any] = []
+        unseen_at: list[int] = []
+        for at, key in enumerate(keys):
+            held = self._recent.get(key)
+            if held is None:
+                unseen.append(key)
+                unseen_at.append(at)
+            elif held[0] is None:
+                raise KeyError(key)
+            else:
+                fresh.append((key, *held[0]))
+                fresh_at.append(at)
+        parts = []
+        if unseen:
+            rows = np.array(self._rows_of(unseen), dtype=np.int64)
+            if (rows < 0).any():
+                raise KeyError(unseen[int(np.flatnonzero(rows < 0)[0])])
+            assert self._base is not None
+            deadlines = None if self._deadlines is None else self._deadlines[rows]
+            parts.append(_complete(_with_timeouts(self._base.take(pa.array(rows)), deadlines), schema))
+        if fresh or not parts:
+            parts.append(rows_table(schema, fresh, self._single_key))
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        if fresh and unseen:  # back in the order asked for
+            where = np.argsort(np.array(unseen_at + fresh_at, dtype=np.int64), kind="stable")
+            table = table.take(pa.array(where))
+        return table
+
     def items(self) -> Iterator[tuple[Any, Entry]]:
         """Every key and its entry: the base's in its order, then the recent ones."""
         if self._base is not None and self._base_live:

@@ -32,6 +32,7 @@ from pyspark import TaskContext
 from batchline.checkpoint.events import PartitionFinished
 from batchline.checkpoint.lease import check_token
 from batchline.errors import ConfigurationError
+from batchline.state.bulk import DueKeys, TimesOutInBulk
 from batchline.state.collector import paused_collector
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
@@ -44,7 +45,7 @@ from batchline.state.contract import (
     Stats,
     batch_params_from_property,
 )
-from batchline.state.entries import StateEntries, give_memory_back
+from batchline.state.entries import KEY_PREFIX, REMOVED_COL, TIMEOUT_COL, StateEntries, give_memory_back
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, last_due
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
@@ -428,16 +429,18 @@ def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
     result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
     # Only a batch that succeeded puts its partition back: no half-applied batch survives.
     cache.put(_cache_key(spec, partition), cached)
-    return pa.Table.from_batches([result]) if result.num_rows else None
+    return result if result.num_rows else None
 
 
 def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[tuple[Any, ...]]], stats: Stats,
                 partition: int, cached: _Cached, report: Callable[[Stats], None],
-                background_snapshots: bool) -> pa.RecordBatch:
+                background_snapshots: bool) -> pa.Table:
     """The batch over a loaded partition: call, write the delta, apply it, record the finish;
     returns the output rows."""
-    outputs, delta = _call_function(spec, params, cached, groups, stats)
+    outputs, delta, bulk = _call_function(spec, params, cached, groups, stats)
     delta_table = _delta_table(spec, params, delta)
+    if bulk is not None:
+        delta_table = pa.concat_tables([delta_table, bulk.changes.cast(delta_table.schema)]).combine_chunks()
     version = params.version_of(partition)
     stats.delta_bytes = spec.store.write_version(
         spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table)
@@ -450,18 +453,24 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[
         # one is written before the task finishes, so restarts stay short however often they come.
         behind = cached.data.deltas_since_snapshot >= 2 * SNAPSHOT_EVERY
         _write_snapshot(spec, partition, cached.data, background_snapshots and not behind)
+    if bulk is not None:
+        # First: the merge of many changes into the base is quickest while ``recent`` is
+        # empty; the keys of the two parts are distinct.
+        cached.data.entries.merge([bulk.changes])
     cached.data.entries.update(delta, delta_table.schema)
     cached.data.version = params.batch_time
     cached.data.deltas_since_snapshot += 1
     cached.data.initial_keys = frozenset()
     stats.state_keys = len(cached.data.entries)
     stats.state_bytes = int(stats.state_keys * cached.bytes_per_key)
-    stats.output_rows = len(outputs)
+    stats.output_rows = len(outputs) + (bulk.output.num_rows if bulk is not None else 0)
     stats.partitions = 1 << partition
     next_deadline = cached.data.entries.next_deadline()
     stats.timers = (1 << partition) if next_deadline is not None else 0
     stats.partitions_after = {partition: PartitionFacts(stats.state_keys, stats.state_bytes, next_deadline)}
-    result = _output_batch(spec, params, outputs)
+    result = pa.Table.from_batches([_output_batch(spec, params, outputs)])
+    if bulk is not None and bulk.output.num_rows:
+        result = pa.concat_tables([result, bulk.output])
     _record_finish(spec, params, partition, stats, result)
     report(stats)
     return result
@@ -501,13 +510,12 @@ def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, no
 
 
 def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stats: Stats,
-                   output: pa.RecordBatch) -> None:
+                   output: pa.Table) -> None:
     """The partition's output beside its delta, then its finish record: from here on a restart
     does not run the function for this partition and batch again (SPEC F2)."""
     if spec.journal is None:
         return
-    spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, OUTPUT),
-                             pa.Table.from_batches([output]))
+    spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, OUTPUT), output)
     check_token(spec.journal.storage, params.token,
                 f"partition {partition} of operator {spec.operator!r} finished batch {params.batch_time}")
     spec.journal.partition_finished(params.batch_time, PartitionFinished(
@@ -517,17 +525,29 @@ def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stat
 _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]
 
 
+@dataclass(frozen=True)
+class _Bulk:
+    """What a bulk timeout (``TimesOutInBulk``) gave: output rows and the keys' changes, as
+    Arrow, beside the per-key calls' Python ones."""
+
+    output: pa.Table
+    changes: pa.Table
+    """In the state files' layout."""
+
+
 def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, groups: dict[Any, list[tuple[Any, ...]]],
-                   stats: Stats) -> tuple[list[tuple[tuple[Any, ...], Any]], _Delta]:
-    """Call the function for keys with data, then initial-state keys, then due keys. The
-    cached entries stay untouched: changes are collected in the returned delta."""
+                   stats: Stats) -> tuple[list[tuple[tuple[Any, ...], Any]], _Delta, _Bulk | None]:
+    """Call the function for keys with data, then initial-state keys, then due keys (all at
+    once when the function times out in bulk). The cached entries stay untouched: changes are
+    collected in the returned delta (and bulk changes)."""
     timeout = spec.timeout
     batch_time = params.batch_time
     last = last_due(timeout, batch_time, params.watermark_ms, params.end_of_input)
     due = cached.data.entries.due(last) if last is not None else []
     initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
-    # Every key the batch calls, looked up at once.
-    entries = cached.data.entries.get_many(itertools.chain(groups, initial, (key for key, _ in due)))
+    bulk = isinstance(spec.fn, TimesOutInBulk)
+    # Every key the batch calls, looked up at once (due keys timed out in bulk are read as Arrow).
+    entries = cached.data.entries.get_many(itertools.chain(groups, initial, () if bulk else (key for key, _ in due)))
     outputs: list[tuple[tuple[Any, ...], Any]] = []
     delta: _Delta = {}
     make, unmake = spec.state.make, spec.output.unmake
@@ -575,11 +595,47 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
         call(key, rows, False)
     for key in initial:  # a frozenset, sorted: the same order in every process
         call(key, [], False)
-    for key, _ in due:
-        if key not in groups and key not in delta:
-            stats.timed_out += 1
-            call(key, [], True)
-    return outputs, delta
+    timed_out = [key for key, _ in due if key not in groups and key not in delta]
+    stats.timed_out += len(timed_out)
+    if bulk:
+        return outputs, delta, _time_out_in_bulk(spec, params, cached, timed_out, watermark, stats) if timed_out \
+            else None
+    for key in timed_out:
+        call(key, [], True)
+    return outputs, delta, None
+
+
+def _time_out_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, keys: list[Any],
+                      watermark: int | None, stats: Stats) -> _Bulk:
+    """The due keys of a function that times keys out in bulk: one call over their entries'
+    Arrow columns instead of a GroupState and a call per key."""
+    assert isinstance(spec.fn, TimesOutInBulk)
+    entries = cached.data.entries.table_of(keys)
+    try:
+        done = spec.fn.time_out(DueKeys(entries, watermark, params.batch_time, params.end_of_input,
+                                        spec.output.arrow))
+    except Exception:
+        raise _failure(spec, params, ErrorKind.RAISED, _NO_KEY,
+                       f"the state function of operator {spec.operator!r} raised timing out {len(keys)} keys in "
+                       f"batch {params.batch_time}; this is a bug in batchline: report it. Restart the pipeline: "
+                       "the batch re-runs from the state before it:") from None
+    if done.state.num_rows != entries.num_rows or done.output.schema != spec.output.arrow:
+        raise ConfigurationError(
+            f"operator {spec.operator!r} timed out {entries.num_rows} keys in bulk but gave {done.state.num_rows} "
+            f"entries, or output of another schema; this is a bug in batchline: report it")
+    layout = entries.schema
+    state = done.state
+    if params.end_of_input:  # the inputs ended: a timer could only fire at once, again and again
+        state = state.set_column(state.schema.get_field_index(TIMEOUT_COL), pa.field(TIMEOUT_COL, pa.int64()),
+                                 pa.nulls(state.num_rows, pa.int64()))
+    columns = [entries.column(name) if name.startswith(KEY_PREFIX) else state.column(name)
+               for name in layout.names]
+    changes = pa.Table.from_arrays(columns, schema=layout)
+    removed = state.column(REMOVED_COL)
+    stats.keys_called += len(keys)
+    stats.removed += pc.sum(pc.and_(removed, pc.invert(entries.column(REMOVED_COL)))).as_py() or 0
+    stats.updated += len(keys) - (pc.sum(removed).as_py() or 0)
+    return _Bulk(done.output, changes)
 
 
 _ENCODING_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError)

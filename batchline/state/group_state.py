@@ -211,7 +211,9 @@ class GroupState(Generic[S]):
                 + (", use set_timeout_duration for processing time"
                    if self._timeout is GroupStateTimeout.PROCESSING_TIME else "")
             )
-        if isinstance(timestamp, _dt.datetime):
+        if type(timestamp) is int:  # the usual case, first: the checks below cost more than the call
+            timestamp_ms = timestamp
+        elif isinstance(timestamp, _dt.datetime):
             if timestamp.tzinfo is None:
                 timestamp = timestamp.replace(tzinfo=_dt.UTC)
             timestamp_ms = int(timestamp.timestamp() * 1000)

@@ -31,16 +31,37 @@ import logging
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import ArrayType, BooleanType, LongType, StructField, StructType
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    BooleanType,
+    ByteType,
+    DateType,
+    DecimalType,
+    IntegerType,
+    LongType,
+    ShortType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampNTZType,
+    TimestampType,
+)
 
 from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.built_in import BuiltInNode
+from batchline.state.bulk import DueKeys, TimedOut, TimesOutInBulk
 from batchline.state.contract import LATE_AT
+from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX, TIMEOUT_COL
 from batchline.state.group_state import GroupState, GroupStateTimeout, TimeoutNotEnabledError
+from batchline.state.schema import RowSchema
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
 
@@ -60,6 +81,15 @@ MATCHED = "__batchline_matched"
 """Whether a buffered row has met a row of the other side (an outer join emits it with nulls
 when it goes if not)."""
 _PREFIXES = ("__batchline_l_", "__batchline_r_")
+KEY = -1
+"""An output column that is the key (keys named alike on both sides appear once)."""
+SIDE_KEY = (-2, -3)
+"""An output column that is one side's key column (named otherwise on the other side): the
+key, when the output row has a row of that side."""
+_EXACT_KEYS = (LongType, IntegerType, ShortType, ByteType, StringType, BinaryType, BooleanType, DateType,
+               TimestampType, TimestampNTZType, DecimalType)
+"""Key types whose values equal the key only when they are the same value: a buffered row need
+not repeat them. Not floats: -0.0 and 0.0 are one key, and a row keeps its own."""
 
 
 class JoinType(enum.Enum):
@@ -153,10 +183,12 @@ class _JoinInput:
 
 
 @dataclasses.dataclass(frozen=True)
-class JoinRows:
+class JoinRows(TimesOutInBulk):
     """The join's state function; plain data, pickled into the tasks. The state is
     ``(left rows, right rows)``: each a list of the side's buffered rows as dicts of its columns,
-    ``TIME`` and ``MATCHED``."""
+    ``TIME`` and ``MATCHED``. Keys that only time out (most keys, once, when their rows pass
+    the watermark) go in bulk over Arrow columns (``time_out``), exactly as ``__call__``
+    would have left them."""
 
     how: JoinType
     side_index: int
@@ -164,8 +196,10 @@ class JoinRows:
     columns: tuple[tuple[tuple[str, int], ...], tuple[tuple[str, int], ...]]
     """Per side: (column name, index in an input row) of each of its columns."""
     output: tuple[tuple[int, Any], ...]
-    """Per output column: where it comes from (-1: the key, at the index given; LEFT or RIGHT:
-    that side's row, the column named)."""
+    """Per output column: where it comes from (``KEY``: the key, at the index given; LEFT or
+    RIGHT: that side's row, the column named; ``SIDE_KEY[side]``: the key at the index given,
+    as that side's own key column, which its buffered rows do not repeat: null when the row
+    has no row of that side)."""
     within: tuple[int, int] | None
     """(lower, upper) ms of the range condition, or None: every pair of equal keys meets."""
     evict_after: tuple[int | None, int | None]
@@ -193,6 +227,7 @@ class JoinRows:
         watermark = _watermark_ms(state)
         deadline: int | None = None
         if watermark is not None:
+            keeps_unmatched = self.how.keeps_unmatched  # a property: read once, not per row
             for side, rows_of_side in ((LEFT, left), (RIGHT, right)):
                 after = self.evict_after[side]
                 if after is None:
@@ -201,7 +236,7 @@ class JoinRows:
                 for stored in rows_of_side:
                     time = stored[TIME]
                     if time is not None and time <= watermark - after:
-                        if self.how.keeps_unmatched[side] and not stored[MATCHED]:
+                        if keeps_unmatched[side] and not stored[MATCHED]:
                             out.append(self._row(key, *((stored, None) if side == LEFT else (None, stored))))
                     else:
                         keep.append(stored)
@@ -216,6 +251,55 @@ class JoinRows:
         elif state.exists:
             state.remove()
         return out
+
+    def time_out(self, due: DueKeys) -> TimedOut:
+        """``__call__`` for keys that timed out, over all of them at once: each side's rows at
+        or before the watermark minus ``evict_after`` go (an outer side's unmatched ones out,
+        with nulls), the others stay and set the key's deadline; a key left with no row goes."""
+        entries, watermark = due.entries, due.watermark_ms
+        count = entries.num_rows
+        sides = [_Side.of(entries.column(STATE_PREFIX + name), self.evict_after[side], watermark)
+                 for side, name in ((LEFT, "left"), (RIGHT, "right"))]
+        deadline = np.full(count, _NO_DEADLINE, dtype=np.int64)
+        for part in sides:
+            part.lower_deadlines(deadline)
+        held = sides[LEFT].kept_per_key(count) + sides[RIGHT].kept_per_key(count)
+        removed = held == 0
+        has_deadline = (deadline != _NO_DEADLINE) & ~removed
+        # As __call__'s set_timeout_timestamp(max(deadline, watermark or 1, 1)).
+        deadline = np.maximum(deadline, max(watermark or 1, 1))
+        state_columns = [part.kept_lists(entries.schema.field(STATE_PREFIX + name).type, removed)
+                         for part, name in zip(sides, ("left", "right"), strict=True)]
+        state = pa.table({STATE_PREFIX + "left": state_columns[LEFT], STATE_PREFIX + "right": state_columns[RIGHT],
+                          TIMEOUT_COL: pa.array(deadline, type=pa.int64(), mask=~has_deadline),
+                          REMOVED_COL: pa.array(removed, type=pa.bool_())})
+        return TimedOut(self._timed_out_rows(entries, sides, due.output_schema), state)
+
+    def _timed_out_rows(self, entries: pa.Table, sides: list[_Side], schema: pa.Schema) -> pa.Table:
+        """The outer sides' unmatched rows that go, with nulls for the other side: key by key
+        in the due keys' order, each key's left rows before its right rows."""
+        emitted = [part.emitted(self.how.keeps_unmatched[side]) for side, part in enumerate(sides)]
+        parents = np.concatenate([parent for _, parent in emitted])
+        if not len(parents):
+            return schema.empty_table()
+        order = pa.array(np.argsort(parents, kind="stable"))
+        keys = [entries.column(name) for name in entries.column_names if name.startswith(KEY_PREFIX)]
+        columns = []
+        for (source, where), field in zip(self.output, schema, strict=True):
+            if source < 0:
+                key = keys[where if len(keys) > 1 else 0]
+                column: pa.Array | pa.ChunkedArray = pa.concat_arrays([
+                    key.take(pa.array(parent)).combine_chunks().cast(field.type)
+                    if source in (KEY, SIDE_KEY[side]) else pa.nulls(len(parent), field.type)
+                    for side, (_, parent) in enumerate(emitted)])
+            else:
+                rows, parent = emitted[source]
+                other = len(parents) - len(parent)
+                mine = rows.field(where).cast(field.type)
+                nulls = pa.nulls(other, field.type)
+                column = pa.concat_arrays([mine, nulls] if source == LEFT else [nulls, mine])
+            columns.append(column.take(order).cast(field.type))
+        return pa.Table.from_arrays(columns, schema=schema)
 
     def _meet(self, key: Any, arrived: tuple[list[dict[str, Any]], list[dict[str, Any]]],
               left: list[dict[str, Any]], right: list[dict[str, Any]], out: list[tuple[Any, ...]]) -> None:
@@ -252,11 +336,69 @@ class JoinRows:
         values = []
         for source, where in self.output:
             if source < 0:
-                values.append(key[where] if isinstance(key, tuple) else key)
+                present = source == KEY or (left if source == SIDE_KEY[LEFT] else right) is not None
+                values.append((key[where] if isinstance(key, tuple) else key) if present else None)
             else:
                 row = left if source == LEFT else right
                 values.append(None if row is None else row[where])
         return tuple(values)
+
+
+_NO_DEADLINE = np.iinfo(np.int64).max
+
+
+@dataclasses.dataclass
+class _Side:
+    """One side's buffered rows of a bulk timeout's keys, flattened: the rows, the key (row of
+    the due keys) each belongs to, and which of them go."""
+
+    lists: pa.ListArray
+    rows: pa.StructArray
+    parents: np.ndarray
+    goes: np.ndarray
+    times: np.ndarray
+    """Each row's time (0 where it has none: ``timed`` says which have one)."""
+    timed: np.ndarray
+    after: int | None
+
+    @classmethod
+    def of(cls, column: pa.ChunkedArray, after: int | None, watermark: int | None) -> _Side:
+        lists = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+        rows = lists.flatten()  # a null list (a key without state) holds no row
+        parents = pc.list_parent_indices(lists).to_numpy()
+        time_column = rows.field(TIME)
+        timed = ~np.asarray(time_column.is_null().to_numpy(zero_copy_only=False), dtype=bool)
+        times = pc.fill_null(time_column, 0).to_numpy()
+        if after is None or watermark is None:
+            # Kept for ever, and no deadline: as __call__, which evicts nothing without a watermark.
+            return cls(lists, rows, parents, np.zeros(len(rows), dtype=bool), times, timed, None)
+        return cls(lists, rows, parents, timed & (times <= watermark - after), times, timed, after)
+
+    def lower_deadlines(self, deadline: np.ndarray) -> None:
+        """Each key's deadline down to its kept rows' (``time + after - 1``: the watermark
+        passes it when the row goes)."""
+        if self.after is None:
+            return
+        dated = ~self.goes & self.timed
+        np.minimum.at(deadline, self.parents[dated], self.times[dated] + (self.after - 1))
+
+    def kept_per_key(self, count: int) -> np.ndarray:
+        return np.bincount(self.parents[~self.goes], minlength=count)
+
+    def kept_lists(self, list_type: pa.DataType, removed: np.ndarray) -> pa.Array:
+        """The side's state column after the timeout: its kept rows, a null for a removed key."""
+        offsets = np.zeros(len(removed) + 1, dtype=np.int32)
+        np.cumsum(self.kept_per_key(len(removed)), out=offsets[1:])
+        kept = self.rows.filter(pa.array(~self.goes)) if self.goes.any() else self.rows
+        return pa.ListArray.from_arrays(pa.array(offsets), kept, type=list_type, mask=pa.array(removed))
+
+    def emitted(self, keeps_unmatched: bool) -> tuple[pa.StructArray, np.ndarray]:
+        """The rows that go out without a match (if the side keeps them), and their keys."""
+        if not keeps_unmatched:
+            return self.rows.slice(0, 0), np.empty(0, dtype=np.int64)
+        matched = pc.fill_null(self.rows.field(MATCHED), False).to_numpy(zero_copy_only=False)
+        out = self.goes & ~np.asarray(matched, dtype=bool)
+        return self.rows.filter(pa.array(out)), self.parents[out].astype(np.int64)
 
 
 def _column(watermark: Watermark | None) -> str | None:
@@ -309,6 +451,21 @@ class JoinNode(BuiltInNode):
         self.input_column = SIDE
         self.input_watermarks = watermarks
         self.event_time = None if watermarks == (None, None) else Watermark(EVENT_TIME, 0)
+        self._input_schema: StructType | None = None
+        """The schema ``derive`` was given (``check_stored_state`` derives the older layout from it)."""
+
+    def check_stored_state(self, stored: StructType) -> None:
+        """State written before buffered rows left their key columns out is read in its own
+        layout: the operator keeps that layout for as long as its state lives."""
+        current = self.state_schema.struct.simpleString()
+        if stored.simpleString() != current and self._input_schema is not None:
+            fn, state, output = self.derive(self._input_schema, keys_in_rows=True)
+            if stored.simpleString() == state.simpleString():
+                logger.info("Join %r keeps its stored state's layout, whose buffered rows repeat the key columns",
+                            self.name)
+                self.fn, self.state_schema, self.output_schema = fn, RowSchema.of(state), RowSchema.of(output)
+                return
+        super().check_stored_state(stored)
 
     def _check_bounded(self, what: str, watermarks: tuple[Watermark | None, Watermark | None],
                        evict: tuple[int | None, int | None]) -> None:
@@ -348,18 +505,31 @@ class JoinNode(BuiltInNode):
                            *self.key_names, sides[LEFT].alias("left"), sides[RIGHT].alias("right"),
                            F.col(EVENT_TIME).alias(LATE_AT))
 
-    def derive(self, input_schema: StructType) -> tuple[JoinRows, StructType, StructType]:
+    def derive(self, input_schema: StructType, keys_in_rows: bool = False) -> tuple[JoinRows, StructType, StructType]:
+        """The state function and schemas. A buffered row keeps its side's columns but the key
+        columns, which the state's key holds already (``keys_in_rows``: it keeps them too, the
+        layout of the state written before, see ``check_stored_state``)."""
+        self._input_schema = input_schema
         names = input_schema.fieldNames()
         fields: list[list[StructField]] = [[], []]
         columns: list[tuple[tuple[str, int], ...]] = []
+        stored_fields: list[list[StructField]] = [[], []]
+        dropped: list[dict[str, int]] = [{}, {}]
         for side, prefix in enumerate(_PREFIXES):
             found = [(f.name[len(prefix):], names.index(f.name), f) for f in input_schema.fields
                      if f.name.startswith(prefix)]
             fields[side] = [StructField(n, f.dataType, True) for n, _, f in found]
-            columns.append(tuple((n, i) for n, i, _ in found))
+            for index, pair in enumerate(self.pairs):
+                dtype = input_schema[self.pairs[index][0]].dataType
+                if not keys_in_rows and isinstance(dtype, _EXACT_KEYS):
+                    dropped[side][pair[side]] = index
+            columns.append(tuple((n, i) for n, i, _ in found if n not in dropped[side]))
+            stored_fields[side] = [f for f in fields[side] if f.name not in dropped[side]]
         output, out_fields = self._output_plan(fields)
-        stored = [StructType([*fields[side], StructField(TIME, LongType()), StructField(MATCHED, BooleanType())])
-                  for side in (LEFT, RIGHT)]
+        output = tuple((SIDE_KEY[source], dropped[source][where])
+                       if source >= 0 and where in dropped[source] else (source, where) for source, where in output)
+        stored = [StructType([*stored_fields[side], StructField(TIME, LongType()),
+                              StructField(MATCHED, BooleanType())]) for side in (LEFT, RIGHT)]
         state = StructType([StructField("left", ArrayType(stored[LEFT], False)),
                             StructField("right", ArrayType(stored[RIGHT], False))])
         fn = JoinRows(self.how, names.index(SIDE), names.index(TIME), (columns[LEFT], columns[RIGHT]), output,
@@ -377,7 +547,7 @@ class JoinNode(BuiltInNode):
             # A key named alike on both sides appears once, as in Spark's join(on=[names]).
             for i, (name, other) in enumerate(self.pairs):
                 if name == other:
-                    plan.append((-1, i))
+                    plan.append((KEY, i))
                     out.append(next(f for f in fields[LEFT] if f.name == name))
                     keys.add(name)
         sides = (LEFT,) if self.how is JoinType.LEFT_SEMI else (LEFT, RIGHT)

@@ -253,19 +253,24 @@ class StatefulRuntime(StreamRuntime):
             return self.metadata.num_partitions
         return self.node.requested_partitions or operator.DEFAULT_STATE_PARTITIONS
 
+    def _check_stored_keys(self, key_schema: StructType) -> None:
+        """The key columns are the stored state's (nullability may differ), or it raises."""
+        if self.metadata is not None and self.metadata.key_schema.simpleString() != key_schema.simpleString():
+            raise ConfigurationError(
+                f"operator {self.name!r}: the key columns are now {key_schema.simpleString()}, but the stored "
+                f"state is keyed by {self.metadata.key_schema.simpleString()}; keys cannot change type"
+            )
+
     def _ensure_metadata(self, key_schema: StructType) -> StateMetadata:
         node = self.node
         if self.metadata is None:
             self.metadata = StateMetadata(self.name, self.num_partitions, 0, key_schema, node.state_schema.struct,
                                           node.timeout.name, node.state_schema.stored_defaults())
             self._files.write_metadata(self.metadata)
-        elif self.metadata.key_schema.simpleString() != key_schema.simpleString():  # nullability may differ
-            raise ConfigurationError(
-                f"operator {self.name!r}: the key columns are now {key_schema.simpleString()}, but the stored "
-                f"state is keyed by {self.metadata.key_schema.simpleString()}; keys cannot change type"
-            )
-        elif (self.metadata.state_schema.simpleString() != node.state_schema.struct.simpleString()
-              or self.metadata.state_defaults != node.state_schema.stored_defaults()):
+            return self.metadata
+        self._check_stored_keys(key_schema)
+        if (self.metadata.state_schema.simpleString() != node.state_schema.struct.simpleString()
+                or self.metadata.state_defaults != node.state_schema.stored_defaults()):
             self.metadata = dataclasses.replace(self.metadata, state_schema=node.state_schema.struct,
                                                 timeout=node.timeout.name,
                                                 state_defaults=node.state_schema.stored_defaults())
@@ -374,7 +379,12 @@ class StatefulRuntime(StreamRuntime):
     def compute(self, batch_time: int) -> DataFrame:
         node = self.node
         if not node.resolved:
-            node.resolve(self.parent_frame(batch_time).schema)
+            schema = self.parent_frame(batch_time).schema
+            node.resolve(schema)
+            # The keys first: a built-in operator's state follows from its input's columns, so a
+            # column moved into the key changes its state too, but what changed is the key.
+            if all(k in schema.fieldNames() for k in node.key_names):
+                self._check_stored_keys(StructType([schema[k] for k in node.key_names]))
             self._check_stored_schema()
         if self.finished_before(batch_time) or not self.has_rows(batch_time):
             return self.env.empty_frame(node.output_schema.struct)

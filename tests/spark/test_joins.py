@@ -211,3 +211,41 @@ def test_a_joined_stream_feeds_a_window(spark, tmp_path):
         assert sorted((r["window_start"].second, r["count"]) for r in out) == [(0, 2), (10, 1)]
     finally:
         h.stop()
+
+
+def test_state_written_with_the_keys_in_each_row_restarts_in_its_own_layout(spark, tmp_path, monkeypatch):
+    """A checkpoint whose buffered rows repeat the key columns (as joins wrote them before the
+    rows left them out) restarts: its rows still meet and go out unmatched, and its state keeps
+    that layout (read back with ``read_state``)."""
+    from batchline.state import read_state
+    from batchline.state.join import JoinNode
+
+    checkpoint = str(tmp_path / "c")
+    derive = JoinNode.derive
+
+    def build(a, b):
+        return timed(a, "lt").join(timed(b, "rt"), "key", how="left", within=("lt", "rt", "0 seconds", "30 seconds"))
+
+    def pairs(rows):
+        return sorted((r["key"], r["lt_v"], r["rt_v"]) for r in rows)
+
+    schemas = ["k long, t long, v long"] * 2
+    monkeypatch.setattr(JoinNode, "derive", lambda self, schema, keys_in_rows=False: derive(self, schema, True))
+    h = BatchHarness(spark, build, schemas, checkpoint=checkpoint).start()
+    try:
+        assert pairs(h.batch([(1, 10, 1), (2, 11, 2)], [(2, 12, 20)])) == [(2, 2, 20)]
+    finally:
+        h.stop()
+    monkeypatch.undo()
+    h = BatchHarness(spark, build, schemas, checkpoint=checkpoint, start_ms=h.batch_time).start()
+    try:
+        assert pairs(h.batch([(3, 20, 3)], [(1, 25, 10)])) == [(1, 1, 10)]
+        state = read_state(spark, checkpoint, "join").collect()
+        held = [side for row in state for side in (*row["left"], *row["right"])]
+        assert held and all("key" in side.asDict() for side in held)
+        assert pairs(h.batch([(9, 100, 9)], [(9, 100, 90)])) == [(9, 9, 90)]
+        # The watermark (90 s) passes the rows of keys 1, 2 and 3: they time out, and 3's
+        # left row goes out unmatched.
+        assert pairs(h.batch()) == [(3, 3, None)]
+    finally:
+        h.stop()
