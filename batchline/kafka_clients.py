@@ -8,6 +8,7 @@ brokers through librdkafka, so any Spark cluster reads and writes Kafka after ``
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -21,6 +22,14 @@ TopicPartitionKey = tuple[str, int]
 """A topic and one of its partitions."""
 
 _ADMIN_TIMEOUT_S = 30.0
+_TRANSIENT_FOR_S = 30.0
+"""How long offsets are asked again while a partition has no leader (just added, or its
+broker restarting): a leader is elected within seconds."""
+_TRANSIENT_CODES = frozenset({"NOT_LEADER_FOR_PARTITION", "LEADER_NOT_AVAILABLE", "UNKNOWN_TOPIC_OR_PART",
+                              "REQUEST_TIMED_OUT", "NOT_ENOUGH_REPLICAS", "_TIMED_OUT", "_TRANSPORT"})
+# Module level, so that tests replace them with a manual clock's.
+_sleep = time.sleep
+_monotonic = time.monotonic
 
 
 def kafka_module() -> Any:
@@ -79,14 +88,33 @@ def list_offsets(admin: Any, partitions: Iterable[TopicPartitionKey], latest: bo
         return {}
     spec = OffsetSpec.latest() if latest else OffsetSpec.earliest()
     request = {kafka.TopicPartition(topic, partition): spec for topic, partition in wanted}
-    found: dict[TopicPartitionKey, int] = {}
-    try:
-        futures = admin.list_offsets(request, isolation_level=kafka.IsolationLevel.READ_COMMITTED,
-                                     request_timeout=_ADMIN_TIMEOUT_S)
-        for tp, future in futures.items():
-            found[(tp.topic, tp.partition)] = int(future.result().offset)
-    except kafka.KafkaException as error:
-        raise SourceError(f"{what}: asking the Kafka brokers for the {'latest' if latest else 'earliest'} offsets "
-                          f"failed ({error}); check that they are up and that every partition has a leader") \
-            from error
-    return found
+    deadline: float | None = None
+    wait = 0.2
+    while True:
+        try:
+            return _offsets_once(admin, request, kafka)
+        except kafka.KafkaException as error:
+            now = _monotonic()
+            deadline = now + _TRANSIENT_FOR_S if deadline is None else deadline
+            if not _transient(error) or now >= deadline:
+                raise SourceError(f"{what}: asking the Kafka brokers for the {'latest' if latest else 'earliest'} "
+                                  f"offsets failed ({error}); check that they are up and that every partition has a "
+                                  "leader") from error
+            logger.info("%s: asking for offsets again: %s", what, error)
+            _sleep(min(wait, max(0.0, deadline - now)))
+            wait = min(wait * 2, 2.0)
+
+
+def _offsets_once(admin: Any, request: dict[Any, Any], kafka: Any) -> dict[TopicPartitionKey, int]:
+    futures = admin.list_offsets(request, isolation_level=kafka.IsolationLevel.READ_COMMITTED,
+                                 request_timeout=_ADMIN_TIMEOUT_S)
+    return {(tp.topic, tp.partition): int(future.result().offset) for tp, future in futures.items()}
+
+
+def _transient(error: Exception) -> bool:
+    """Whether a broker's answer says to ask again soon (no leader yet, a timeout), rather than
+    something asking again cannot mend."""
+    cause = error.args[0] if error.args else None
+    if cause is None or not hasattr(cause, "name"):
+        return False
+    return bool(cause.retriable()) or cause.name() in _TRANSIENT_CODES
