@@ -87,6 +87,15 @@ def drive_until_done(clock: ManualClock, thread: threading.Thread, step_ms: int 
     raise TimeoutError("the thread did not finish while the clock was driven")
 
 
+def sleeps_on_a_fake_clock(monkeypatch, module: ModuleType) -> list[float]:
+    """Make ``module``'s ``_sleep`` move a fake clock that its ``_monotonic`` reads, instead of
+    waiting: the clock's reading is the returned list's one item, in seconds."""
+    now = [0.0]
+    monkeypatch.setattr(module, "_monotonic", lambda: now[0])
+    monkeypatch.setattr(module, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
+    return now
+
+
 def poll_until(predicate: Callable[[], T], timeout_s: float = 10, step_s: float = 0.005,
                stop: Callable[[], object] | None = None) -> T | None:
     """``predicate()``'s first true value within ``timeout_s`` of real time (None if it never

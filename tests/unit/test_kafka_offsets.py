@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from batchline import kafka_clients
 from batchline.errors import SourceError
+from tests.helpers import sleeps_on_a_fake_clock
 
 
 class _Future:
@@ -36,10 +37,7 @@ class _Admin:
 
 @pytest.fixture
 def clock(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(kafka_clients, "_monotonic", lambda: now[0])
-    monkeypatch.setattr(kafka_clients, "_sleep", lambda s: now.__setitem__(0, now[0] + s))
-    return now
+    return sleeps_on_a_fake_clock(monkeypatch, kafka_clients)
 
 
 def test_a_partition_without_a_leader_yet_is_asked_again_until_it_has_one(clock):

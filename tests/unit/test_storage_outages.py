@@ -9,6 +9,7 @@ import pytest
 import batchline.checkpoint.storage as storage_module
 from batchline.checkpoint.storage import CheckpointStorage, StorageUnreachableError, is_unreachable
 from batchline.scheduler.retry import RetryPolicy
+from tests.helpers import sleeps_on_a_fake_clock
 
 
 class Flaky:
@@ -36,10 +37,7 @@ class Flaky:
 
 @pytest.fixture
 def clock(monkeypatch):
-    now = [0.0]
-    monkeypatch.setattr(storage_module, "_monotonic", lambda: now[0])
-    monkeypatch.setattr(storage_module, "_sleep", lambda seconds: now.__setitem__(0, now[0] + seconds))
-    return now
+    return sleeps_on_a_fake_clock(monkeypatch, storage_module)
 
 
 def flaky_storage(failures=0, lands=False, tolerance=60.0):
