@@ -519,10 +519,9 @@ class JoinNode(BuiltInNode):
             found = [(f.name[len(prefix):], names.index(f.name), f) for f in input_schema.fields
                      if f.name.startswith(prefix)]
             fields[side] = [StructField(n, f.dataType, True) for n, _, f in found]
-            for index, pair in enumerate(self.pairs):
-                dtype = input_schema[self.pairs[index][0]].dataType
-                if not keys_in_rows and isinstance(dtype, _EXACT_KEYS):
-                    dropped[side][pair[side]] = index
+            if not keys_in_rows:
+                dropped[side] = {pair[side]: index for index, pair in enumerate(self.pairs)
+                                 if isinstance(input_schema[pair[0]].dataType, _EXACT_KEYS)}
             columns.append(tuple((n, i) for n, i, _ in found if n not in dropped[side]))
             stored_fields[side] = [f for f in fields[side] if f.name not in dropped[side]]
         output, out_fields = self._output_plan(fields)
