@@ -8,9 +8,10 @@ under every kind of fault at once:
 - an executor JVM killed every ``executor_every_s`` (its worker starts a new one);
 - the S3 endpoint down for ``outage_s`` every ``outage_every_s`` (a TCP proxy in front of moto's
   server closes its port and every connection; harness/tcp_proxy.py);
-- a state file damaged once, while the driver is down: the newest snapshot (a restart reads
+- a file damaged once, while the driver is down: the newest snapshot (a restart reads
   around it from the older files and says so), or, before there is one, the newest delta of
-  a batch not committed (its partition runs the batch again).
+  a batch not committed (its partition runs the batch again), or else the newest batch
+  checkpoint (a restart falls back to the one before).
 
 Input files keep coming all along (one every ``file_every_s``, events numbered on). When the
 time is up the faults stop, one last driver works off what is left, and the output is compared
@@ -70,7 +71,7 @@ class SoakRecord:
     executor_kills: int = 0
     s3_outages: int = 0
     s3_outage_seconds: float = 0.0
-    state_files_damaged: int = 0
+    files_damaged: int = 0
     damaged: str = ""
     restarts: int = 0
     batches_committed: int = 0
@@ -166,10 +167,12 @@ def expected_rows(events: list[tuple[str, int]]) -> collections.Counter:
     return collections.Counter(rows)
 
 
-def _damage_a_state_file(checkpoint: str, options: dict, rng: random.Random) -> str | None:
+def _damage_a_file(checkpoint: str, options: dict, rng: random.Random) -> str | None:
     """Flip four bytes of the newest snapshot, or else of the newest delta of a batch that was
-    not committed (its partition runs the batch again): the damage a restart must read around
-    exactly. Returns the file, or None when there is neither yet."""
+    not committed (its partition runs the batch again), or else of the newest batch checkpoint
+    (a restart falls back to the one before): the damage a restart must read around exactly.
+    The last is there from a driver's second checkpoint on, however slowly the machine runs.
+    Returns the file, or None when there is none of them yet."""
     fs = s3fs.S3FileSystem(**options)
     fs.invalidate_cache()
     root = checkpoint.removeprefix("s3://")
@@ -178,7 +181,8 @@ def _damage_a_state_file(checkpoint: str, options: dict, rng: random.Random) -> 
     committed = {p.rsplit("/", 2)[-2] for p in fs.find(f"{root}/events") if p.endswith("/completed.json")}
     uncommitted = [p for p in files if p.endswith(".delta.arrow")
                    and p.rsplit("/", 1)[-1].split(".")[0] not in committed]
-    candidates = snapshots or uncommitted
+    checkpoints = [p for p in fs.find(f"{root}/checkpoints") if p.rsplit("/", 1)[-1].startswith("checkpoint-")]
+    candidates = snapshots or uncommitted or (checkpoints if len(checkpoints) >= 2 else [])
     if not candidates:
         return None
     newest = max(candidates, key=lambda p: p.rsplit("/", 1)[-1])
@@ -231,10 +235,10 @@ def run_soak_chaos(cluster: Any, s3_options: dict, work: Path, settings: SoakSet
             if now >= next_kill and driver.killable_at is not None and now >= driver.killable_at:
                 driver.kill()
                 record.driver_kills += 1
-                if record.state_files_damaged == 0 and now >= damage_at:
-                    damaged = _damage_a_state_file(checkpoint, s3_options, rng)
+                if record.files_damaged == 0 and now >= damage_at:
+                    damaged = _damage_a_file(checkpoint, s3_options, rng)
                     if damaged is not None:
-                        record.state_files_damaged += 1
+                        record.files_damaged += 1
                         record.damaged = damaged.rsplit("/checkpoint/", 1)[-1]
                 driver = start_driver()
                 record.restarts += 1

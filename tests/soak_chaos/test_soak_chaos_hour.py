@@ -25,4 +25,4 @@ def test_an_hour_of_every_fault_at_once_ends_with_the_exact_output(standalone_cl
     if os.environ.get("BATCHLINE_SOAK_CHAOS_RECORD"):
         Path(os.environ["BATCHLINE_SOAK_CHAOS_RECORD"]).write_text(json.dumps(record.to_json(), indent=1) + "\n")
     assert record.driver_kills >= settings.duration_s / 120 and record.executor_kills >= 1, record
-    assert record.s3_outages >= 1 and record.state_files_damaged == 1, record
+    assert record.s3_outages >= 1 and record.files_damaged == 1, record
