@@ -21,6 +21,8 @@ import enum
 from collections.abc import Callable
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, DataType, DoubleType, LongType
@@ -117,6 +119,15 @@ class Aggregate:
         """``result(stored)``: the value of the aggregate's column."""
         return _RESULTS.get(self.kind, _only)
 
+    def columns_merger(self) -> Callable[[list[pa.Array], list[pa.Array]], list[pa.Array]] | None:
+        """``merge`` over columns: row by row, as ``merger`` would give (None: only row by row).
+        Both sides have the stored fields' types; a stored row of nulls is a group without state."""
+        return _COLUMN_MERGERS.get(self.kind)
+
+    def columns_finisher(self) -> Callable[[list[pa.Array]], pa.Array]:
+        """``result`` over columns."""
+        return _COLUMN_RESULTS.get(self.kind, _first_column)
+
     def result_type(self, partial_types: list[DataType]) -> DataType:
         """The type of the aggregate's column, from its partial fields' types."""
         if self.kind is _Kind.COUNT:
@@ -186,6 +197,68 @@ _RESULTS: dict[_Kind, Callable[[tuple[Any, ...]], Any]] = {
     _Kind.LAST: lambda s: s[1],
     _Kind.COLLECT_LIST: lambda s: s[0] or [],
     _Kind.COLLECT_SET: lambda s: s[0] or [],
+}
+
+
+# The same, over Arrow columns: a built-in aggregation merges a batch's partials into its state
+# at once (``MergeIntoState.merge``). Where the row-wise merger keeps ``a`` on a tie or a null,
+# these keep it too. Lists have no column-wise merge: their aggregations run row by row.
+def _when(condition: pa.Array, a: pa.Array, b: pa.Array) -> pa.Array:
+    return pc.if_else(pc.fill_null(condition, False), a, b)
+
+
+def _add_columns(a: pa.Array, b: pa.Array) -> pa.Array:
+    # Checked: a long that overflows fails the batch, as the row-wise sum fails to store it.
+    total = (pc.add_checked(a, b) if pa.types.is_integer(a.type) else pc.add(a, b)).cast(a.type)
+    return _when(pc.is_null(a), b, _when(pc.is_null(b), a, total))
+
+
+def least_columns(a: pa.Array, b: pa.Array) -> pa.Array:
+    return _when(pc.and_kleene(pc.is_valid(a), pc.or_kleene(pc.is_null(b), pc.less_equal(a, b))), a, b)
+
+
+def greatest_columns(a: pa.Array, b: pa.Array) -> pa.Array:
+    return _when(pc.and_kleene(pc.is_valid(a), pc.or_kleene(pc.is_null(b), pc.greater_equal(a, b))), a, b)
+
+
+def _picked(take_batch: pa.Array, stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
+    return [_when(take_batch, b, s) for s, b in zip(stored, batch, strict=True)]
+
+
+def _earlier_columns(stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
+    sooner = pc.and_kleene(pc.is_valid(batch[0]), pc.less(batch[0], stored[0]))
+    return _picked(pc.or_kleene(pc.is_null(stored[0]), sooner), stored, batch)
+
+
+def _later_columns(stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
+    later = pc.and_kleene(pc.is_valid(batch[0]), pc.greater_equal(batch[0], stored[0]))
+    return _picked(pc.or_kleene(pc.is_null(stored[0]), later), stored, batch)
+
+
+def _first_column(stored: list[pa.Array]) -> pa.Array:
+    return stored[0]
+
+
+def _average_column(stored: list[pa.Array]) -> pa.Array:
+    total, rows = stored
+    average = pc.divide(pc.cast(total, pa.float64()), pc.cast(rows, pa.float64()))
+    return _when(pc.not_equal(rows, 0), average, pa.nulls(len(rows), pa.float64()))
+
+
+_COLUMN_MERGERS: dict[_Kind, Callable[[list[pa.Array], list[pa.Array]], list[pa.Array]]] = {
+    _Kind.COUNT: lambda s, b: [_add_columns(s[0], b[0])],
+    _Kind.SUM: lambda s, b: [_add_columns(s[0], b[0])],
+    _Kind.MIN: lambda s, b: [least_columns(s[0], b[0])],
+    _Kind.MAX: lambda s, b: [greatest_columns(s[0], b[0])],
+    _Kind.AVG: lambda s, b: [_add_columns(s[0], b[0]), _add_columns(s[1], b[1])],
+    _Kind.FIRST: _earlier_columns,
+    _Kind.LAST: _later_columns,
+}
+
+_COLUMN_RESULTS: dict[_Kind, Callable[[list[pa.Array]], pa.Array]] = {
+    _Kind.AVG: _average_column,
+    _Kind.FIRST: lambda s: s[1],
+    _Kind.LAST: lambda s: s[1],
 }
 
 

@@ -32,6 +32,9 @@ import enum
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StructField, StructType, TimestampType
@@ -40,9 +43,19 @@ from batchline.batch_time import epoch_ms
 from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
-from batchline.state.aggregates import Aggregate
+from batchline.state.aggregates import Aggregate, greatest_columns
 from batchline.state.built_in import ROWS, BuiltInNode, check_event_time
+from batchline.state.bulk import (
+    BulkResult,
+    DueKeys,
+    KeyedRows,
+    MergesInBulk,
+    TimesOutInBulk,
+    epoch_ms_column,
+    state_columns,
+)
 from batchline.state.contract import LATE_AT
+from batchline.state.entries import KEY_PREFIX, STATE_PREFIX
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
@@ -180,11 +193,17 @@ class _Partials:
     """How many partial fields each aggregate has, in order."""
     mergers: tuple[Callable[[tuple[Any, ...], tuple[Any, ...]], tuple[Any, ...]], ...]
     finishers: tuple[Callable[[tuple[Any, ...]], Any], ...]
+    column_mergers: tuple[Callable[[list[pa.Array], list[pa.Array]], list[pa.Array]], ...] | None
+    """The mergers over columns; None when an aggregate merges only row by row."""
+    column_finishers: tuple[Callable[[list[pa.Array]], pa.Array], ...]
 
     @classmethod
     def of(cls, aggregates: tuple[Aggregate, ...]) -> _Partials:
+        column_mergers = [a.columns_merger() for a in aggregates]
         return cls(tuple(len(a.stored_names()) for a in aggregates), tuple(a.merger() for a in aggregates),
-                   tuple(a.finisher() for a in aggregates))
+                   tuple(a.finisher() for a in aggregates),
+                   None if None in column_mergers else tuple(m for m in column_mergers if m is not None),
+                   tuple(a.columns_finisher() for a in aggregates))
 
     @property
     def width(self) -> int:
@@ -206,6 +225,23 @@ class _Partials:
             at += n
         return results
 
+    def merge_columns(self, stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
+        assert self.column_mergers is not None
+        merged: list[pa.Array] = []
+        at = 0
+        for n, merge in zip(self.fields, self.column_mergers, strict=True):
+            merged += merge(stored[at:at + n], batch[at:at + n])
+            at += n
+        return merged
+
+    def result_columns(self, stored: list[pa.Array]) -> list[pa.Array]:
+        results = []
+        at = 0
+        for n, finish in zip(self.fields, self.column_finishers, strict=True):
+            results.append(finish(stored[at:at + n]))
+            at += n
+        return results
+
 
 def _key_columns(key: Any, columns: int) -> tuple[Any, ...]:
     """The key as the tuple of its columns (a key of one column is its value)."""
@@ -213,10 +249,12 @@ def _key_columns(key: Any, columns: int) -> tuple[Any, ...]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MergeIntoState:
+class MergeIntoState(MergesInBulk, TimesOutInBulk):
     """The state function of a running or tumbling/sliding-window aggregation: fold each
     group's partial of the batch into its stored one, set its timer, and emit as the output
-    mode says. Plain data, pickled into the tasks.
+    mode says. Plain data, pickled into the tasks. It runs in bulk (``merge``, ``time_out``:
+    a partition's groups at once, over Arrow columns) unless an aggregate merges only row by
+    row (lists); ``__call__`` is the same per key.
 
     A partial row is ``(*key columns, [window_start, window end ms], rows, [newest], *partial
     fields)``; the stored state is ``(*partial fields, [newest])``; a row out is ``(*key
@@ -265,6 +303,67 @@ class MergeIntoState:
                                                 state.current_watermark_ms()))
         return () if self.append else (self._row_out(key, stored),)
 
+    # ---------------------------------------------------------------- in bulk
+    @property
+    def merges_in_bulk(self) -> bool:
+        return self.partials.column_mergers is not None
+
+    def merge(self, keyed: KeyedRows) -> BulkResult:
+        rows, entries = keyed.rows, keyed.entries
+        fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
+        at = list(range(self.first_partial, self.first_partial + self.partials.width))
+        at += [] if self.newest_index is None else [self.newest_index]
+        batch = [rows.column(i).combine_chunks().cast(f.type) for i, f in zip(at, fields, strict=True)]
+        folded, first_rows = _fold_by_key(keyed.key_of_row, entries.num_rows, batch, self._merge_columns)
+        # A group without state has nulls for its fields, which every merger takes as nothing yet.
+        stored = self._merge_columns([entries.column(f.name).combine_chunks() for f in fields], folded)
+        keys = entries.num_rows
+        if self.window_length is not None and self.windows_close:
+            ends = rows.column(self.key_count + 1).combine_chunks().take(pa.array(first_rows))
+            timeouts = pc.subtract(pc.cast(ends, pa.int64()), 1)
+        elif self.expire_after_ms is None:
+            timeouts = pa.nulls(keys, pa.int64())
+        elif self.newest_index is None:
+            timeouts = pa.array(np.full(keys, keyed.batch_time + self.expire_after_ms, dtype=np.int64))
+        else:
+            assert keyed.watermark_ms is not None, "an event-time expiry has a watermark"
+            expiry = pc.add(epoch_ms_column(stored[-1]), self.expire_after_ms)
+            timeouts = pc.max_element_wise(expiry, pa.scalar(keyed.watermark_ms, pa.int64()), skip_nulls=False)
+        state = state_columns(fields, stored, timeouts, removed=False)
+        if self.append:
+            return BulkResult(keyed.output_schema.empty_table(), state)
+        heads = [] if self.constant_key else [
+            rows.column(i).combine_chunks().take(pa.array(first_rows))
+            for i in range(self.key_count + (self.window_length is not None))]
+        return BulkResult(self._rows_out(heads, stored, keyed.output_schema), state)
+
+    def time_out(self, due: DueKeys) -> BulkResult:
+        entries = due.entries
+        fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
+        keys = entries.num_rows
+        state = state_columns(fields, [pa.nulls(keys, f.type) for f in fields], pa.nulls(keys, pa.int64()),
+                             removed=True)
+        if not self.append:
+            return BulkResult(due.output_schema.empty_table(), state)
+        heads = [entries.column(name).combine_chunks() for name in entries.column_names
+                 if name.startswith(KEY_PREFIX)]
+        stored = [entries.column(f.name).combine_chunks() for f in fields]
+        return BulkResult(self._rows_out(heads, stored, due.output_schema), state)
+
+    def _merge_columns(self, stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
+        if self.newest_index is None:
+            return self.partials.merge_columns(stored, batch)
+        return [*self.partials.merge_columns(stored[:-1], batch[:-1]), greatest_columns(stored[-1], batch[-1])]
+
+    def _rows_out(self, heads: list[pa.Array], stored: list[pa.Array], schema: pa.Schema) -> pa.Table:
+        """Rows out of groups whose key columns (with the window's start) are ``heads``."""
+        columns = list(heads)
+        if self.window_length is not None:
+            columns.append(pc.add(heads[-1], pa.scalar(self.window_length, pa.duration("us"))))
+        columns += self.partials.result_columns(stored[:self.partials.width])
+        return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
+
+    # ---------------------------------------------------------------- per key
     def _merge(self, stored: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[Any, ...]:
         merged = self.partials.merge(stored, batch)
         if self.newest_index is None:
@@ -278,6 +377,29 @@ class MergeIntoState:
         if self.window_length is not None:
             head += (head[-1] + self.window_length,)
         return (*head, *self.partials.results(stored))
+
+
+def _fold_by_key(key_of_row: np.ndarray, keys: int, columns: list[pa.Array],
+                 merge: Callable[[list[pa.Array], list[pa.Array]], list[pa.Array]]
+                 ) -> tuple[list[pa.Array], np.ndarray]:
+    """Each key's rows folded into one, in the order they came (as the per-key call folds
+    them), and each key's first row; ``key_of_row`` numbers the keys 0 to ``keys - 1``."""
+    order = np.argsort(key_of_row, kind="stable")
+    grouped = key_of_row[order]
+    starts = np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])
+    first_rows = order[starts]
+    folded = [column.take(pa.array(first_rows)) for column in columns]
+    if len(order) == keys:  # a row per key, the usual case: nothing to fold
+        return folded, first_rows
+    rank = np.arange(len(order)) - np.repeat(starts, np.diff(np.r_[starts, len(order)]))
+    for layer in range(1, int(rank.max()) + 1):
+        taken = order[rank == layer]
+        owners = key_of_row[taken]
+        merged = merge([c.take(pa.array(owners)) for c in folded], [c.take(pa.array(taken)) for c in columns])
+        where = np.arange(keys, dtype=np.int64)
+        where[owners] = keys + np.arange(len(owners), dtype=np.int64)
+        folded = [pa.concat_arrays([old, new]).take(pa.array(where)) for old, new in zip(folded, merged, strict=True)]
+    return folded, first_rows
 
 
 def _naive(values: list[Any]) -> list[Any]:

@@ -24,6 +24,9 @@ import logging
 from collections.abc import Iterable, Iterator
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import LongType, StructField, StructType
@@ -32,6 +35,16 @@ from batchline.batch_time import epoch_ms
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.built_in import ROWS, BuiltInNode, check_event_time
+from batchline.state.bulk import (
+    BulkResult,
+    DueKeys,
+    KeyedRows,
+    MergesInBulk,
+    TimesOutInBulk,
+    epoch_ms_column,
+    state_columns,
+)
+from batchline.state.entries import REMOVED_COL, STATE_PREFIX
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode
 from batchline.streams.nodes import TransformNode
@@ -56,9 +69,11 @@ class _PartialFrame:
 
 
 @dataclasses.dataclass(frozen=True)
-class KeepFirst:
+class KeepFirst(MergesInBulk, TimesOutInBulk):
     """The built-in state function of a deduplication; plain data, pickled into the tasks.
-    An input row is ``(*group columns, rows, row)``; the state is ``(expires at ms,)``."""
+    An input row is ``(*group columns, rows, row)``; the state is ``(expires at ms,)``. It
+    runs in bulk (``merge``, ``time_out``: a partition's keys at once, over Arrow columns);
+    ``__call__`` is the same per key."""
 
     time_index: int | None
     """Index of the event time in an input row; None without a watermark."""
@@ -88,6 +103,49 @@ class KeepFirst:
             state.update((expires,))
             state.set_timeout_timestamp(expires - 1)  # fires once the watermark reaches it
         return (first[self.row_index],)
+
+
+    def merge(self, keyed: KeyedRows) -> BulkResult:
+        rows, entries = keyed.rows, keyed.entries
+        keys = entries.num_rows
+        field = next(f for f in entries.schema if f.name.startswith(STATE_PREFIX))
+        known = ~entries.column(REMOVED_COL).to_numpy()
+        # Each key's first row: the earliest event time, the first to come among equals.
+        if self.time_index is None:
+            order = np.argsort(keyed.key_of_row, kind="stable")
+        else:
+            micros = pc.cast(rows.column(self.time_index).cast(pa.timestamp("us", tz="UTC")), pa.int64())
+            times = micros.fill_null(np.iinfo(np.int64).max).to_numpy()
+            order = np.lexsort((times, keyed.key_of_row))
+        grouped = keyed.key_of_row[order]
+        first = order[np.flatnonzero(np.r_[True, grouped[1:] != grouped[:-1]])]
+        stored = entries.column(field.name).combine_chunks().cast(pa.int64())
+        if self.expire_after_ms is None or self.time_index is None:
+            expires = pa.nulls(keys, pa.int64())
+        else:
+            times_ms = epoch_ms_column(rows.column(self.time_index).combine_chunks().take(pa.array(first)))
+            expires = pc.add(times_ms, self.expire_after_ms)
+        expires = pc.if_else(pa.array(known), stored, expires)
+        # A known key whose time is up still drops the batch's rows, and goes after it.
+        watermark = keyed.watermark_ms
+        up = known & (pc.fill_null(pc.less_equal(stored, watermark), False).to_numpy(zero_copy_only=False)
+                      if watermark is not None else np.zeros(keys, dtype=bool))
+        timeouts = pc.if_else(pa.array(up), pa.nulls(keys, pa.int64()), pc.subtract(expires, 1))
+        state = state_columns([field], [pc.if_else(pa.array(up), pa.nulls(keys, pa.int64()), expires)], timeouts,
+                              up)
+        passed = rows.column(self.row_index).combine_chunks().take(pa.array(first[~known]))
+        schema = keyed.output_schema
+        output = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(passed.flatten(), schema, strict=True)],
+                                      schema=schema)
+        return BulkResult(output, state)
+
+    def time_out(self, due: DueKeys) -> BulkResult:
+        entries = due.entries
+        fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
+        keys = entries.num_rows
+        return BulkResult(due.output_schema.empty_table(),
+                          state_columns(fields, [pa.nulls(keys, f.type) for f in fields], pa.nulls(keys, pa.int64()),
+                                        removed=True))
 
 
 class DeduplicationNode(BuiltInNode):

@@ -158,10 +158,12 @@ class StateEntries:
             found.update(zip((key for key, _ in hit), entries, strict=True))
         return found
 
-    def table_of(self, keys: list[Any]) -> pa.Table:
-        """The entries of ``keys`` (each must have one) in the files' layout, in that order,
-        without decoding the base's rows into Python values (a bulk timeout's input)."""
-        schema = self._schema
+    def table_of(self, keys: list[Any], missing_ok: bool = False, layout: pa.Schema | None = None) -> pa.Table:
+        """The entries of ``keys`` in the files' layout, in that order, without decoding the
+        base's rows into Python values (the input of a call in bulk). A key without an entry
+        raises ``KeyError``, or with ``missing_ok`` gets a row without state (``__removed``).
+        ``layout``: the files' layout, for entries that never held a key."""
+        schema = self._schema or (None if layout is None else layout.remove_metadata())
         if schema is None:
             raise ValueError("state entries without a layout; this is a bug in batchline")
         fresh: list[tuple[Any, tuple[Any, ...] | None, int | None]] = []
@@ -173,25 +175,32 @@ class StateEntries:
             if held is None:
                 unseen.append(key)
                 unseen_at.append(at)
-            elif held[0] is None:
+                continue
+            if held[0] is None and not missing_ok:
                 raise KeyError(key)
-            else:
-                fresh.append((key, *held[0]))
-                fresh_at.append(at)
+            fresh.append((key, *held[0]) if held[0] is not None else (key, None, None))
+            fresh_at.append(at)
         parts = []
         if unseen:
             rows = np.array(self._rows_of(unseen), dtype=np.int64)
-            if (rows < 0).any():
-                raise KeyError(unseen[int(np.flatnonzero(rows < 0)[0])])
-            assert self._base is not None
-            deadlines = None if self._deadlines is None else self._deadlines[rows]
-            parts.append(_complete(_with_timeouts(self._base.take(pa.array(rows)), deadlines), schema))
+            missing = rows < 0
+            if missing.any():
+                if not missing_ok:
+                    raise KeyError(unseen[int(np.flatnonzero(missing)[0])])
+                fresh += [(unseen[at], None, None) for at in np.flatnonzero(missing).tolist()]
+                fresh_at += [unseen_at[at] for at in np.flatnonzero(missing).tolist()]
+                unseen_at = [at for at, gone in zip(unseen_at, missing.tolist(), strict=True) if not gone]
+                rows = rows[~missing]
+            if len(rows):
+                assert self._base is not None
+                deadlines = None if self._deadlines is None else self._deadlines[rows]
+                parts.append(_complete(_with_timeouts(self._base.take(pa.array(rows)), deadlines), schema))
         if fresh or not parts:
             parts.append(rows_table(schema, fresh, self._single_key))
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        if fresh and unseen:  # back in the order asked for
-            where = np.argsort(np.array(unseen_at + fresh_at, dtype=np.int64), kind="stable")
-            table = table.take(pa.array(where))
+        asked = np.array(unseen_at + fresh_at, dtype=np.int64)
+        if (np.diff(asked) < 0).any():  # back in the order asked for
+            table = table.take(pa.array(np.argsort(asked, kind="stable")))
         return table
 
     def items(self) -> Iterator[tuple[Any, Entry]]:

@@ -21,10 +21,11 @@ import itertools
 import logging
 import threading
 import traceback
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import TaskContext
@@ -32,7 +33,7 @@ from pyspark import TaskContext
 from batchline.checkpoint.events import PartitionFinished
 from batchline.checkpoint.lease import check_token
 from batchline.errors import ConfigurationError
-from batchline.state.bulk import DueKeys, TimesOutInBulk
+from batchline.state.bulk import BulkResult, DueKeys, KeyedRows, MergesInBulk, TimesOutInBulk
 from batchline.state.collector import paused_collector
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
@@ -59,6 +60,7 @@ from batchline.state.store import (
     StateStore,
     StateVersionError,
     apply_tables,
+    entries_schema,
     entries_table,
 )
 
@@ -295,13 +297,12 @@ def _without_markers(batch: pa.RecordBatch) -> tuple[pa.RecordBatch, set[int]]:
     return data.filter(pc.is_null(markers)), set(pc.drop_null(markers).to_pylist())
 
 
-def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch],
-             stats: Stats) -> tuple[dict[Any, list[tuple[Any, ...]]], int | None]:
-    """Rows by key, as named tuples, and the state partition the input's marker row names;
+def _input_rows(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch],
+                stats: Stats) -> tuple[list[pa.RecordBatch], int | None]:
+    """The batch's data rows, counted, and the state partition the input's marker row names;
     rows whose ``late_column`` is at or before the watermark are late (as Spark's
     ``eventTime <= watermark``): dropped and counted."""
-    groups: dict[Any, list[tuple[Any, ...]]] = {}
-    make: Callable[[Iterable[Any]], tuple[Any, ...]] | None = None
+    rows: list[pa.RecordBatch] = []
     named: set[int] = set()
     for marked in batches:
         batch, found = _without_markers(marked)
@@ -323,21 +324,35 @@ def _grouped(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Recor
             if pc.any(late).as_py():
                 stats.late_rows += pc.sum(late if weights is None else pc.if_else(late, weights, 0)).as_py() or 0
                 batch = batch.filter(pc.invert(late))
-        if make is None:
-            make = _row_maker(batch.schema.names)
+        if batch.num_rows:
+            rows.append(batch)
+    if len(named) > 1:
+        raise ConfigurationError(f"one task got the marker rows of state partitions {sorted(named)}; this is a bug "
+                                 "in batchline: report it with the pipeline's description")
+    return rows, named.pop() if named else None
+
+
+def _keys_of(spec: OperatorSpec, batch: pa.RecordBatch | pa.Table) -> Iterable[Any]:
+    """Each row's key as the per-key path sees it: a value, or a tuple of the key columns."""
+    columns = [as_python(batch.column(name)) for name in spec.key_names]
+    return columns[0] if len(columns) == 1 else zip(*columns, strict=True)
+
+
+def _by_key(spec: OperatorSpec, rows: list[pa.RecordBatch]) -> dict[Any, list[tuple[Any, ...]]]:
+    """Rows by key, as named tuples, in the order the keys' first rows came."""
+    groups: dict[Any, list[tuple[Any, ...]]] = {}
+    if not rows:
+        return groups
+    make = _row_maker(rows[0].schema.names)
+    for batch in rows:
         columns = [as_python(column) for column in batch.columns]
-        key_columns = [columns[batch.schema.get_field_index(n)] for n in spec.key_names]
-        keys = key_columns[0] if len(key_columns) == 1 else zip(*key_columns, strict=True)
-        for key, row in zip(keys, zip(*columns, strict=True), strict=True):
+        for key, row in zip(_keys_of(spec, batch), zip(*columns, strict=True), strict=True):
             group = groups.get(key)
             if group is None:
                 groups[key] = [make(row)]
             else:
                 group.append(make(row))
-    if len(named) > 1:
-        raise ConfigurationError(f"one task got the marker rows of state partitions {sorted(named)}; this is a bug "
-                                 "in batchline: report it with the pipeline's description")
-    return groups, named.pop() if named else None
+    return groups
 
 
 def _count_event_times(spec: OperatorSpec, batch: pa.RecordBatch, stats: Stats) -> None:
@@ -399,7 +414,7 @@ def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
                 background_snapshots: bool) -> pa.Table | None:
     """``run_partition``'s work: its output, or None when it has none."""
     stats = Stats()
-    groups, marked = _grouped(spec, params, batches, stats)
+    rows, marked = _input_rows(spec, params, batches, stats)
     if marked is None and partition is None:
         raise ConfigurationError(
             f"a task of operator {spec.operator!r} got no marker row naming its state partition in batch "
@@ -426,18 +441,18 @@ def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
     cache = WORKER_CACHE if cache is None else cache
     cached = _cached_partition(spec, params, partition, cache, notes)
     stats.warnings = tuple(notes)
-    result = _run_loaded(spec, params, groups, stats, partition, cached, report, background_snapshots)
+    result = _run_loaded(spec, params, rows, stats, partition, cached, report, background_snapshots)
     # Only a batch that succeeded puts its partition back: no half-applied batch survives.
     cache.put(_cache_key(spec, partition), cached)
     return result if result.num_rows else None
 
 
-def _run_loaded(spec: OperatorSpec, params: BatchParams, groups: dict[Any, list[tuple[Any, ...]]], stats: Stats,
+def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBatch], stats: Stats,
                 partition: int, cached: _Cached, report: Callable[[Stats], None],
                 background_snapshots: bool) -> pa.Table:
     """The batch over a loaded partition: call, write the delta, apply it, record the finish;
     returns the output rows."""
-    outputs, delta, bulk = _call_function(spec, params, cached, groups, stats)
+    outputs, delta, bulk = _call_function(spec, params, cached, rows, stats)
     delta_table = _delta_table(spec, params, delta)
     if bulk is not None:
         delta_table = pa.concat_tables([delta_table, bulk.changes.cast(delta_table.schema)]).combine_chunks()
@@ -527,34 +542,50 @@ _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]
 
 @dataclass(frozen=True)
 class _Bulk:
-    """What a bulk timeout (``TimesOutInBulk``) gave: output rows and the keys' changes, as
-    Arrow, beside the per-key calls' Python ones."""
+    """What calls in bulk (``MergesInBulk``, ``TimesOutInBulk``) gave: output rows and the
+    keys' changes, as Arrow, beside the per-key calls' Python ones."""
 
     output: pa.Table
     changes: pa.Table
     """In the state files' layout."""
 
+    @staticmethod
+    def joined(parts: list[_Bulk]) -> _Bulk | None:
+        if len(parts) < 2:
+            return parts[0] if parts else None
+        return _Bulk(pa.concat_tables([part.output for part in parts]),
+                     pa.concat_tables([part.changes for part in parts]))
 
-def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, groups: dict[Any, list[tuple[Any, ...]]],
+
+def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, rows: list[pa.RecordBatch],
                    stats: Stats) -> tuple[list[tuple[tuple[Any, ...], Any]], _Delta, _Bulk | None]:
-    """Call the function for keys with data, then initial-state keys, then due keys (all at
-    once when the function times out in bulk). The cached entries stay untouched: changes are
-    collected in the returned delta (and bulk changes)."""
+    """Call the function for keys with data (all at once when it merges in bulk), then
+    initial-state keys, then due keys (all at once when it times out in bulk). The cached
+    entries stay untouched: changes are collected in the returned delta (and bulk changes)."""
     timeout = spec.timeout
     batch_time = params.batch_time
+    # Spark's GroupState reads 0 until the first event time was seen; None: no watermark at all.
+    watermark = params.watermark_ms if params.watermark_ms is not None or spec.event_time_column is None else 0
+    bulk: list[_Bulk] = []
+    groups: dict[Any, list[tuple[Any, ...]]] = {}
+    called: Container[Any]
+    merges = isinstance(spec.fn, MergesInBulk) and spec.fn.merges_in_bulk and not cached.data.initial_keys
+    if merges:
+        merged, called = _merge_in_bulk(spec, params, cached, rows, watermark, stats)
+        bulk += [merged] if merged is not None else []
+    else:
+        called = groups = _by_key(spec, rows)
     last = last_due(timeout, batch_time, params.watermark_ms, params.end_of_input)
     due = cached.data.entries.due(last) if last is not None else []
     initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
-    bulk = isinstance(spec.fn, TimesOutInBulk)
+    times_out = isinstance(spec.fn, TimesOutInBulk)
     # Every key the batch calls, looked up at once (due keys timed out in bulk are read as Arrow).
-    entries = cached.data.entries.get_many(itertools.chain(groups, initial, () if bulk else (key for key, _ in due)))
+    entries = cached.data.entries.get_many(
+        itertools.chain(groups, initial, () if times_out else (key for key, _ in due)))
     outputs: list[tuple[tuple[Any, ...], Any]] = []
     delta: _Delta = {}
     make, unmake = spec.state.make, spec.output.unmake
     where = f"the state function of operator {spec.operator!r}"
-
-    # Spark's GroupState reads 0 until the first event time was seen; None: no watermark at all.
-    watermark = params.watermark_ms if params.watermark_ms is not None or spec.event_time_column is None else 0
 
     def call(key: Any, rows: list[tuple[Any, ...]], timed_out: bool) -> None:
         current = entries.get(key)
@@ -591,54 +622,91 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, gro
         if (kept, deadline) != (value, old_deadline) and (current is not None or deadline is not None):
             delta[key] = (kept, deadline)
 
-    for key, rows in groups.items():
-        call(key, rows, False)
+    for key, key_rows in groups.items():
+        call(key, key_rows, False)
     for key in initial:  # a frozenset, sorted: the same order in every process
         call(key, [], False)
-    timed_out = [key for key, _ in due if key not in groups and key not in delta]
+    timed_out = [key for key, _ in due if key not in called and key not in delta]
     stats.timed_out += len(timed_out)
-    if bulk:
-        return outputs, delta, _time_out_in_bulk(spec, params, cached, timed_out, watermark, stats) if timed_out \
-            else None
-    for key in timed_out:
-        call(key, [], True)
-    return outputs, delta, None
+    if times_out:
+        bulk += [_time_out_in_bulk(spec, params, cached, timed_out, watermark, stats)] if timed_out else []
+    else:
+        for key in timed_out:
+            call(key, [], True)
+    return outputs, delta, _Bulk.joined(bulk)
+
+
+def _merge_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, rows: list[pa.RecordBatch],
+                   watermark: int | None, stats: Stats) -> tuple[_Bulk | None, dict[Any, int]]:
+    """The keys with rows of a function that merges in bulk: one call over the batch's rows
+    and their keys' entries as Arrow, instead of a GroupState and a call per key. Returns the
+    result and the keys it called."""
+    assert isinstance(spec.fn, MergesInBulk)
+    called: dict[Any, int] = {}
+    if not rows:
+        return None, called
+    table = pa.Table.from_batches(rows)
+    key_of_row = np.fromiter((called.setdefault(key, len(called)) for key in _keys_of(spec, table)),
+                             dtype=np.int64, count=table.num_rows)
+    entries = cached.data.entries.table_of(list(called), missing_ok=True,
+                                           layout=entries_schema(spec.key_schema, spec.state))
+    where = f"merging {table.num_rows} rows of {len(called)} keys in bulk"
+    done = _in_bulk(spec, params, where, lambda fn: fn.merge(
+        KeyedRows(table, key_of_row, entries, watermark, params.batch_time, spec.output.arrow)), entries)
+    return _bulk_changes(params, entries, done, stats), called
 
 
 def _time_out_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, keys: list[Any],
                       watermark: int | None, stats: Stats) -> _Bulk:
     """The due keys of a function that times keys out in bulk: one call over their entries'
     Arrow columns instead of a GroupState and a call per key."""
-    assert isinstance(spec.fn, TimesOutInBulk)
     entries = cached.data.entries.table_of(keys)
+    done = _in_bulk(spec, params, f"timing out {len(keys)} keys", lambda fn: fn.time_out(
+        DueKeys(entries, watermark, params.batch_time, params.end_of_input, spec.output.arrow)), entries)
+    return _bulk_changes(params, entries, done, stats)
+
+
+def _in_bulk(spec: OperatorSpec, params: BatchParams, what: str, call: Callable[[Any], BulkResult],
+             entries: pa.Table) -> BulkResult:
     try:
-        done = spec.fn.time_out(DueKeys(entries, watermark, params.batch_time, params.end_of_input,
-                                        spec.output.arrow))
+        done = call(spec.fn)
+    except _ENCODING_ERRORS as bad:  # values the state's types cannot hold (a sum beyond a long)
+        raise _failure(spec, params, ErrorKind.STATE_SCHEMA, _NO_KEY,
+                       f"operator {spec.operator!r} cannot keep its state in batch {params.batch_time} in the state "
+                       f"schema {spec.state.describe()}: {bad}; aggregate a column of a wider type (cast it before "
+                       "aggregating), then start the pipeline again (the batch re-runs from the state before it)"
+                       ) from None
     except Exception:
         raise _failure(spec, params, ErrorKind.RAISED, _NO_KEY,
-                       f"the state function of operator {spec.operator!r} raised timing out {len(keys)} keys in "
-                       f"batch {params.batch_time}; this is a bug in batchline: report it. Restart the pipeline: "
+                       f"the state function of operator {spec.operator!r} raised {what} in batch "
+                       f"{params.batch_time}; this is a bug in batchline: report it. Restart the pipeline: "
                        "the batch re-runs from the state before it:") from None
     if done.state.num_rows != entries.num_rows or done.output.schema != spec.output.arrow:
         raise ConfigurationError(
-            f"operator {spec.operator!r} timed out {entries.num_rows} keys in bulk but gave {done.state.num_rows} "
-            f"entries, or output of another schema; this is a bug in batchline: report it")
+            f"operator {spec.operator!r} gave {done.state.num_rows} entries {what} for {entries.num_rows} keys, "
+            "or output of another schema; this is a bug in batchline: report it")
+    return done
+
+
+def _bulk_changes(params: BatchParams, entries: pa.Table, done: BulkResult, stats: Stats) -> _Bulk:
+    """A call in bulk's result as changes in the state files' layout, counted in ``stats``."""
     layout = entries.schema
     state = done.state
     if params.end_of_input:  # the inputs ended: a timer could only fire at once, again and again
         state = state.set_column(state.schema.get_field_index(TIMEOUT_COL), pa.field(TIMEOUT_COL, pa.int64()),
                                  pa.nulls(state.num_rows, pa.int64()))
-    columns = [entries.column(name) if name.startswith(KEY_PREFIX) else state.column(name)
-               for name in layout.names]
+    columns = [entries.column(name) if name.startswith(KEY_PREFIX) else state.column(name).cast(field.type)
+               for name, field in zip(layout.names, layout, strict=True)]
     changes = pa.Table.from_arrays(columns, schema=layout)
     removed = state.column(REMOVED_COL)
-    stats.keys_called += len(keys)
+    keys = entries.num_rows
+    stats.keys_called += keys
     stats.removed += pc.sum(pc.and_(removed, pc.invert(entries.column(REMOVED_COL)))).as_py() or 0
-    stats.updated += len(keys) - (pc.sum(removed).as_py() or 0)
+    stats.updated += keys - (pc.sum(removed).as_py() or 0)
     return _Bulk(done.output, changes)
 
 
-_ENCODING_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError)
+_ENCODING_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)
 
 
 def _delta_table(spec: OperatorSpec, params: BatchParams, delta: _Delta) -> pa.Table:

@@ -57,7 +57,7 @@ from batchline.choices import choose
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError
 from batchline.state.built_in import BuiltInNode
-from batchline.state.bulk import DueKeys, TimedOut, TimesOutInBulk
+from batchline.state.bulk import BulkResult, DueKeys, TimesOutInBulk
 from batchline.state.contract import LATE_AT
 from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX, TIMEOUT_COL
 from batchline.state.group_state import GroupState, GroupStateTimeout, TimeoutNotEnabledError
@@ -252,7 +252,7 @@ class JoinRows(TimesOutInBulk):
             state.remove()
         return out
 
-    def time_out(self, due: DueKeys) -> TimedOut:
+    def time_out(self, due: DueKeys) -> BulkResult:
         """``__call__`` for keys that timed out, over all of them at once: each side's rows at
         or before the watermark minus ``evict_after`` go (an outer side's unmatched ones out,
         with nulls), the others stay and set the key's deadline; a key left with no row goes."""
@@ -273,7 +273,7 @@ class JoinRows(TimesOutInBulk):
         state = pa.table({STATE_PREFIX + "left": state_columns[LEFT], STATE_PREFIX + "right": state_columns[RIGHT],
                           TIMEOUT_COL: pa.array(deadline, type=pa.int64(), mask=~has_deadline),
                           REMOVED_COL: pa.array(removed, type=pa.bool_())})
-        return TimedOut(self._timed_out_rows(entries, sides, due.output_schema), state)
+        return BulkResult(self._timed_out_rows(entries, sides, due.output_schema), state)
 
     def _timed_out_rows(self, entries: pa.Table, sides: list[_Side], schema: pa.Schema) -> pa.Table:
         """The outer sides' unmatched rows that go, with nulls for the other side: key by key

@@ -14,7 +14,7 @@ import pytest
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ByteType, DoubleType, LongType, StringType, StructField, StructType, TimestampType
 
-from batchline.state.bulk import DueKeys, TimedOut, TimesOutInBulk
+from batchline.state.bulk import BulkResult, DueKeys, TimesOutInBulk
 from batchline.state.contract import BatchParams, OperatorSpec, StateFunctionError, Stats
 from batchline.state.entries import REMOVED_COL, STATE_PREFIX, TIMEOUT_COL, StateEntries
 from batchline.state.execution import PartitionCache, run_partition
@@ -219,7 +219,7 @@ class Countdown(TimesOutInBulk):
         state.set_timeout_timestamp(state.current_watermark_ms() + 1_000)
         return []
 
-    def time_out(self, due: DueKeys) -> TimedOut:
+    def time_out(self, due: DueKeys) -> BulkResult:
         self.calls.append(due)
         keys = due.entries.column("key.k").to_pylist()
         counts = due.entries.column(STATE_PREFIX + "count").to_pylist()
@@ -230,7 +230,7 @@ class Countdown(TimesOutInBulk):
                           REMOVED_COL: pa.array([k is None for k in kept])})
         output = pa.Table.from_pylist([{"k": k, "count": c} for k, c in zip(keys, counts, strict=True)],
                                       schema=due.output_schema)
-        return TimedOut(output, state)
+        return BulkResult(output, state)
 
 
 def countdown_run(fn: Any) -> Run:
@@ -262,7 +262,7 @@ def test_the_engine_hands_due_keys_without_rows_to_the_hook_once_and_applies_its
 
 def test_a_failing_hook_fails_the_batch_as_a_failing_state_function_does():
     class Broken(Countdown):
-        def time_out(self, due: DueKeys) -> TimedOut:
+        def time_out(self, due: DueKeys) -> BulkResult:
             raise RuntimeError("boom")
 
     run = countdown_run(Broken())
