@@ -11,9 +11,7 @@ of a partition's keys of a batch at once, over Arrow columns:
   partials, a deduplication's first rows); the engine hands it the batch's rows and the
   entries of every key among them, as tables.
 
-The results must be what the per-key path would have given for each key, with one
-simplification: every key it is handed counts as updated (its state is written, changed or
-not) unless it is removed.
+The results must be what the per-key path would have given for each key.
 """
 
 from __future__ import annotations
@@ -79,6 +77,10 @@ class BulkResult:
     state: pa.Table
     """Per key, in the same order: the ``state.*`` columns (null where removed),
     ``__timeout_ms`` (the key's new deadline, null: none) and ``__removed``."""
+    updated: np.ndarray | None = None
+    """Per key, whether its state was updated (``GroupState.update``); a key neither updated
+    nor removed keeps its stored state (its deadline may change). None: every key not removed
+    was updated."""
 
 
 class TimesOutInBulk(abc.ABC):

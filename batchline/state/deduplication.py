@@ -137,7 +137,7 @@ class KeepFirst(MergesInBulk, TimesOutInBulk):
         schema = keyed.output_schema
         output = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(passed.flatten(), schema, strict=True)],
                                       schema=schema)
-        return BulkResult(output, state)
+        return BulkResult(output, state, updated=~known)
 
     def time_out(self, due: DueKeys) -> BulkResult:
         entries = due.entries

@@ -698,11 +698,20 @@ def _bulk_changes(params: BatchParams, entries: pa.Table, done: BulkResult, stat
     columns = [entries.column(name) if name.startswith(KEY_PREFIX) else state.column(name).cast(field.type)
                for name, field in zip(layout.names, layout, strict=True)]
     changes = pa.Table.from_arrays(columns, schema=layout)
-    removed = state.column(REMOVED_COL)
-    keys = entries.num_rows
-    stats.keys_called += keys
-    stats.removed += pc.sum(pc.and_(removed, pc.invert(entries.column(REMOVED_COL)))).as_py() or 0
-    stats.updated += keys - (pc.sum(removed).as_py() or 0)
+    removed = state.column(REMOVED_COL).to_numpy()
+    held = ~entries.column(REMOVED_COL).to_numpy()
+    updated = ~removed if done.updated is None else done.updated
+    stats.keys_called += entries.num_rows
+    stats.removed += int((removed & held).sum())
+    stats.updated += int(updated.sum())
+    # As the per-key path: a key neither updated nor removed is written only if its deadline changed.
+    moved = pc.fill_null(pc.not_equal(state.column(TIMEOUT_COL), entries.column(TIMEOUT_COL)),
+                         True).to_numpy(zero_copy_only=False)
+    both_none = (state.column(TIMEOUT_COL).is_null().to_numpy(zero_copy_only=False)
+                 & entries.column(TIMEOUT_COL).is_null().to_numpy(zero_copy_only=False))
+    written = updated | (removed & held) | (moved & ~both_none)
+    if not written.all():
+        changes = changes.filter(pa.array(written))
     return _Bulk(done.output, changes)
 
 

@@ -83,8 +83,8 @@ class Run:
                                           background_snapshots=False) for row in b.to_pylist()]
         self.version = batch_time
         data = load_partition(self.spec.store, self.spec.state, self.spec.single_key, 0, 0, batch_time)
-        counts = {name: getattr(stats[0], name) for name in ("rows", "late_rows", "timed_out", "removed",
-                                                            "output_rows", "state_keys")}
+        counts = {name: getattr(stats[0], name) for name in ("rows", "late_rows", "timed_out", "removed", "updated",
+                                                            "keys_called", "output_rows", "state_keys")}
         return out, counts, dict(data.entries.items())
 
 
