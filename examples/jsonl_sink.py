@@ -1,8 +1,11 @@
 """Your own exactly-once sink: JSON lines into a directory, a commit record per batch, as
 ``stream.write(JsonLinesSink("/data/out"), name="jsonl")``. Each task writes its partition to
 a file of its own; a batch is committed once its record ``_commits/<batch time>.json``, naming
-its files, is renamed into place. ``committed_rows`` reads only the files records name (not
-those of a crash or a failed task); a batch run again after a crash is skipped.
+its files, is created, exclusively: a hard link of a whole temporary file, which fails if the
+record exists (a record of the same content is this commit done before; another one is another
+driver's, and this commit fails). A driver whose lease token is older than the newest record's
+is fenced off. ``committed_rows`` reads only the files records name (not those of a crash or a
+failed task); a batch run again after a crash is skipped.
 
 Run it:  python examples/jsonl_sink.py OUT_DIR [EVENTS]
 
@@ -19,6 +22,7 @@ import sys
 import uuid
 
 from batchline import ExactlyOnceSink
+from batchline.checkpoint.lease import FencedError
 
 
 class JsonLinesSink(ExactlyOnceSink):
@@ -31,12 +35,24 @@ class JsonLinesSink(ExactlyOnceSink):
     def write_partition(self, rows, attempt, partition):  # in a Spark task; returns its message
         name = f"{attempt.batch_time}-{partition:05d}-{attempt.id}.jsonl"
         lines = "".join(json.dumps(row, default=str) + "\n" for batch in rows for row in batch.to_pylist())
-        _write_whole(os.path.join(self.directory, name), lines)
+        _write_whole(os.path.join(self.directory, name), lines, rename=True)
         return name
 
     def commit(self, messages, attempt):  # on the driver, once the batch's tasks all succeeded
-        record = {"files": messages, "fencing_token": attempt.batch.fencing_token}
-        _write_whole(_record(self.directory, attempt.batch_time), json.dumps(record))
+        token, path = attempt.batch.fencing_token, _record(self.directory, attempt.batch_time)
+        records = _records(self.directory)  # a newer driver's commits carry a newer lease token
+        newest = _read(records[-1])["fencing_token"] if records else token
+        if newest > token:
+            raise FencedError(f"lease token {token} is older than token {newest} of a newer driver's commit")
+        record = json.dumps({"files": messages, "fencing_token": token})
+        temp = _write_whole(path, record)
+        try:
+            os.link(temp, path)  # created exclusively: fails if the record exists
+        except FileExistsError:
+            if _read(path) != json.loads(record):  # not this commit done before: another driver's
+                raise
+        finally:
+            os.remove(temp)
 
     def abort(self, messages, attempt):  # a task failed or another output did: drop the files
         for name in messages:  # an error here is logged; files no record names are never read
@@ -45,27 +61,37 @@ class JsonLinesSink(ExactlyOnceSink):
 
 def committed_rows(directory):
     """Every row of every committed batch, batch by batch: what a reader of the output sees."""
+    for record in _records(directory):
+        for file in _read(record)["files"]:
+            with open(os.path.join(directory, file)) as lines:
+                yield from (json.loads(line) for line in lines)
+
+
+def _records(directory):  # the commit records' paths, in batch order
     commits = os.path.join(directory, "_commits")
     names = sorted(n for n in os.listdir(commits) if n.endswith(".json")) if os.path.isdir(commits) else []
-    for name in names:
-        with open(os.path.join(commits, name)) as record:
-            for file in json.load(record)["files"]:
-                with open(os.path.join(directory, file)) as lines:
-                    yield from (json.loads(line) for line in lines)
+    return [os.path.join(commits, name) for name in names]
+
+
+def _read(path):
+    with open(path) as record:
+        return json.load(record)
 
 
 def _record(directory, batch_time):  # zero-padded: records sort in batch order
     return os.path.join(directory, "_commits", f"{int(batch_time):015d}.json")
 
 
-def _write_whole(path, text):  # a temporary file renamed into place: whole or absent
+def _write_whole(path, text, rename=False):  # a whole temporary file beside path (renamed to it)
     os.makedirs(os.path.dirname(path), exist_ok=True)
     temp = f"{path}.{uuid.uuid4().hex}.tmp"
     with open(temp, "w") as out:
         out.write(text)
         out.flush()
         os.fsync(out.fileno())
-    os.replace(temp, path)
+    if rename:
+        os.replace(temp, path)
+    return temp
 
 
 def main(args):

@@ -209,7 +209,7 @@ class PipelineRun:
         lease = self.checkpoints.lease
         if lease.token is not None:
             record_stop_outcome(self.checkpoints.storage, StopOutcome(
-                "", lease.holder, StopHow.FAILED.value, self.clock.now_ms(), None, [],
+                "", lease.holder, StopHow.FAILED, self.clock.now_ms(), None, [],
                 f"start refused: {error_text(error)}"))
         self.checkpoints.close()
 
@@ -509,7 +509,7 @@ class PipelineRun:
         # Not str(): a Py4J error asks the JVM for its text, and the JVM may be gone.
         reason = error_text(self.error) if how is StopHow.FAILED and self.error else None
         record_stop_outcome(self.checkpoints.storage, StopOutcome(
-            request_id, self.checkpoints.lease.holder, how.value, self.clock.now_ms(),
+            request_id, self.checkpoints.lease.holder, how, self.clock.now_ms(),
             self.commit.last_committed if self.commit is not None else None, unfinished, reason))
 
     # ---------------------------------------------------------------- seeing it run

@@ -39,11 +39,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from batchline.checkpoint.lease import FencedError
+from batchline.checkpoint.model import OperatorProgress
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, TornFileError, seal
 from batchline.errors import BatchlineError
 
-__all__ = ["JobEventStore", "EventPurger", "PurgeRecord", "PartitionFinished", "OperatorInitialized", "EVENTS",
-           "PURGE_RECORD"]
+__all__ = ["JobEventStore", "EventPurger", "CommitMarker", "PurgeRecord", "PartitionFinished", "OperatorInitialized",
+           "EVENTS", "PURGE_RECORD"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,6 +84,28 @@ class PartitionFinished:
         return cls(str(payload["operator"]), int(payload["partition"]), int(payload["generation"]),
                    int(payload["version"]), int(payload["output_rows"]), dict(payload.get("stats", {})),
                    payload.get("token"))
+
+
+@dataclass(frozen=True)
+class CommitMarker:
+    """A batch is committed: every job succeeded. It holds the stateful operators' progress as
+    of the batch, by the name each keeps at the checkpoint location, so that a restart takes
+    back the newest of it rather than the older one of the last checkpoint."""
+
+    time: int
+    token: int | None
+    """The lease token of the driver that committed it."""
+    operators: dict[str, OperatorProgress] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"time": self.time, "token": self.token,
+                "operators": {name: progress.to_json() for name, progress in self.operators.items()}}
+
+    @classmethod
+    def from_json(cls, payload: dict[str, Any]) -> CommitMarker:
+        token = payload.get("token")
+        return cls(int(payload["time"]), None if token is None else int(token),
+                   {str(name): OperatorProgress.from_json(p) for name, p in payload.get("operators", {}).items()})
 
 
 @dataclass(frozen=True)
@@ -169,9 +192,10 @@ class JobEventStore:
             logger.info("Partition %d of operator %s already recorded its finish of batch %d", record.partition,
                         record.operator, batch_time)
 
-    def batch_completed(self, batch_time: int, token: int | None, operators: dict[str, Any] | None = None) -> None:
+    def batch_completed(self, batch_time: int, token: int | None,
+                        operators: dict[str, OperatorProgress] | None = None) -> None:
         """The commit marker, with the stateful operators' progress (e.g. event time seen)."""
-        self._write_once(_completed(batch_time), {"time": batch_time, "token": token, "operators": operators or {}})
+        self._write_once(_completed(batch_time), CommitMarker(batch_time, token, dict(operators or {})).to_json())
         if self._newest_completed is None or batch_time > self._newest_completed:
             self._newest_completed = batch_time
 
@@ -199,12 +223,12 @@ class JobEventStore:
         payload = self._read(_finished(batch_time, operator, generation, partition), batch_time)
         return None if payload is None else PartitionFinished.from_json(payload)
 
-    def completed(self, batch_time: int) -> dict[str, Any] | None:
-        """A commit marker's content; None when the batch is not (validly) committed."""
+    def completed(self, batch_time: int) -> CommitMarker | None:
+        """A batch's commit marker; None when the batch is not (validly) committed."""
         payload = self._read(_completed(batch_time), batch_time)
         if payload is not None and (self._newest_completed is None or batch_time > self._newest_completed):
             self._newest_completed = batch_time  # a restart reads the newest marker: purges need not keep one
-        return payload
+        return None if payload is None else CommitMarker.from_json(payload)
 
     def is_completed(self, batch_time: int) -> bool:
         return self.completed(batch_time) is not None

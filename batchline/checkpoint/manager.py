@@ -9,7 +9,7 @@ from typing import Any
 
 from batchline.checkpoint.events import EventPurger, JobEventStore
 from batchline.checkpoint.lease import Lease
-from batchline.checkpoint.model import Checkpoint
+from batchline.checkpoint.model import Checkpoint, OperatorProgress
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.checkpoint.writer import CheckpointWriter, load_latest_checkpoint
 from batchline.clock import Clock
@@ -73,7 +73,7 @@ class CheckpointManager:
         self.lease.check()
         self.events.batch_started(batch_time, allocations, self.lease.token)
 
-    def commit_batch(self, batch_time: int, operators: dict[str, Any] | None = None) -> None:
+    def commit_batch(self, batch_time: int, operators: dict[str, OperatorProgress] | None = None) -> None:
         self.lease.check()
         self.events.batch_completed(batch_time, self.lease.token, operators)
 

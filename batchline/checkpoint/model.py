@@ -36,10 +36,17 @@ class OperatorProgress:
     """The state generation ``partitions`` holds for (a rescale makes a new one)."""
     input_max_event_time_ms: dict[int, int] = field(default_factory=dict)
     """The newest event time per input, of an operator that reads several (a join)."""
+    last_rows_at: int | None = None
+    """The newest batch that brought the operator rows: an idle timeout moves the watermark on
+    from it, so a restart without it would wait a whole timeout again. None: no rows yet (and
+    what files written before the field read as)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The operator's own progress record: what it wrote, read back the same."""
+        """The operator's own progress record: what it wrote, read back the same. Fields at their
+        default are left out, so a file without them reads as it was written."""
         payload: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms}
+        if self.last_rows_at is not None:
+            payload["last_rows_at"] = self.last_rows_at
         if self.input_max_event_time_ms:
             payload["input_max_event_time_ms"] = {str(i): t for i, t in sorted(self.input_max_event_time_ms.items())}
         if self.finished_partitions:
@@ -59,6 +66,7 @@ class OperatorProgress:
             finished_after=_optional_int(payload.get("finished_after")),
             partitions=None if partitions is None else {int(p): facts for p, facts in partitions.items()},
             partitions_generation=_optional_int(payload.get("partitions_generation")),
+            last_rows_at=_optional_int(payload.get("last_rows_at")),
         )
 
 

@@ -50,15 +50,15 @@ def _describe_outcome(outcome: StopOutcome) -> str:
     last = f"; last committed batch {format_batch_time(outcome.last_committed)}" if outcome.last_committed else ""
     unfinished = ", ".join(format_batch_time(t) for t in outcome.unfinished) or "none"
     return {
-        StopHow.GRACEFUL.value:
+        StopHow.GRACEFUL:
             f"Stopped gracefully: every received record was processed and every generated batch committed{last}.",
-        StopHow.IMMEDIATE.value:
+        StopHow.IMMEDIATE:
             f"Stopped immediately: running batches were cancelled{last}. They were not committed, so the next start "
             "runs them again; nothing is committed twice.",
-        StopHow.GRACEFUL_TIMED_OUT.value:
+        StopHow.GRACEFUL_TIMED_OUT:
             f"Stopped, but the graceful stop timed out (batches not finished: {unfinished}){last}. What was not "
             "committed runs at the next start; a larger graceful_stop_timeout lets a stop wait longer.",
-        StopHow.FINISHED.value:
+        StopHow.FINISHED:
             f"The pipeline had finished on its own: every input ended and the final checkpoint is written{last}.",
     }.get(outcome.how, f"The pipeline stopped after a failure{last}"
                        + (f" ({outcome.reason})" if outcome.reason else "")

@@ -77,19 +77,27 @@ class StopHow(enum.Enum):
 class StopOutcome:
     request_id: str
     holder: str
-    how: str
-    """A ``StopHow`` value."""
+    how: StopHow
     stopped_at_ms: int
     last_committed: int | None
     unfinished: list[int] = field(default_factory=list)
     reason: str | None = None
     """Why a failed run stopped: the error, or ``start refused: ...`` for a start that never ran."""
 
+    def to_json(self) -> dict[str, Any]:
+        """The record as written: ``how`` as its text, the only form the file has ever had."""
+        return {**asdict(self), "how": self.how.value}
+
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> StopOutcome:
-        """Fields a later release may add are ignored, as the lease's are."""
+        """Fields a later release may add are ignored, as the lease's are. A way of stopping
+        this release does not know reads as failed: every message about a stop always said
+        "failed" for one, so a reader is told to look at the log rather than told it went well."""
         names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in payload.items() if k in names})
+        known = {k: v for k, v in payload.items() if k in names}
+        if "how" in known:
+            known["how"] = next((h for h in StopHow if h.value == known["how"]), StopHow.FAILED)
+        return cls(**known)
 
 
 def running_holder(storage: CheckpointStorage, clock: Clock) -> LeaseRecord | None:
@@ -125,7 +133,7 @@ def record_stop_outcome(storage: CheckpointStorage, outcome: StopOutcome) -> Non
     ``batchline status``; written while the driver still holds the lease, so the record is the
     holder's own. A failed write is logged, not raised: the stop goes on."""
     try:
-        storage.replace(STOP_OUTCOME_FILE, seal(asdict(outcome)))
+        storage.replace(STOP_OUTCOME_FILE, seal(outcome.to_json()))
     except OSError as error:
         logger.warning("Could not record how the pipeline stopped at %s (%s); `batchline status` shows the lease "
                        "released and the last batch", storage.full_url(STOP_OUTCOME_FILE), error)

@@ -50,10 +50,10 @@ def _how_it_stopped(stop: StopOutcome) -> str:
     at = format_batch_time(stop.stopped_at_ms)
     reason = f" ({stop.reason})" if stop.reason else ""
     return {
-        StopHow.GRACEFUL.value: f"stopped gracefully at {at}",
-        StopHow.GRACEFUL_TIMED_OUT.value: f"stopped at {at} after its graceful stop timed out",
-        StopHow.IMMEDIATE.value: f"stopped immediately at {at}",
-        StopHow.FINISHED.value: f"finished at {at}",
+        StopHow.GRACEFUL: f"stopped gracefully at {at}",
+        StopHow.GRACEFUL_TIMED_OUT: f"stopped at {at} after its graceful stop timed out",
+        StopHow.IMMEDIATE: f"stopped immediately at {at}",
+        StopHow.FINISHED: f"finished at {at}",
     }.get(stop.how, f"failed at {at}{reason}")
 
 
@@ -101,6 +101,7 @@ class PipelineStatus:
         payload = dataclasses.asdict(self)
         payload["last_batch"] = self.last_batch.to_json() if self.last_batch is not None else None
         payload["failed_batches"] = [r.to_json() for r in self.failed_batches]
+        payload["last_stop"] = self.last_stop.to_json() if self.last_stop is not None else None
         payload["backlog"] = self.backlog
         return payload
 
@@ -147,7 +148,7 @@ class PipelineStatus:
             lines.append("  the pipeline finished: every input ended and every output committed")
         if self.last_stop is not None and self.state != RUNNING:
             reason = f" ({self.last_stop.reason})" if self.last_stop.reason else ""
-            lines.append(f"  last stop: {self.last_stop.how}{reason}, at "
+            lines.append(f"  last stop: {self.last_stop.how.value}{reason}, at "
                          f"{format_batch_time(self.last_stop.stopped_at_ms)}")
         return "\n".join(lines)
 
@@ -171,7 +172,7 @@ def read_status(storage: CheckpointStorage, clock: Clock) -> PipelineStatus:
     else:
         state = STOPPED
     stop = own_stop(lease, read_stop_outcome(storage))
-    if state == STOPPED and stop is not None and stop.how == StopHow.FAILED.value:
+    if state == STOPPED and stop is not None and stop.how is StopHow.FAILED:
         state = FAILED
     age = now - lease.renewed_at_ms if lease is not None and lease.renewed_at_ms is not None else None
     after = tuple(r for r in records if r.status != COMPLETED and (last is None or r.batch_time > last.batch_time))

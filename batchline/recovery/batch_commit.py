@@ -29,7 +29,7 @@ from collections.abc import Callable
 
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.manager import CheckpointManager
-from batchline.checkpoint.model import Checkpoint, FinalRecord, FinishedReport, OperatorProgress
+from batchline.checkpoint.model import Checkpoint, FinalRecord
 from batchline.clock import Clock
 from batchline.errors import ContextStateError
 from batchline.recovery.restart import plan_restart
@@ -137,7 +137,6 @@ class BatchCommit:
         # Step 6
         if self._checkpoints is None or self.pipeline.zero_time is None:
             raise ContextStateError("a checkpoint needs a started pipeline with a checkpoint location")
-        finished = self.pipeline.finished_report()
         return Checkpoint(
             time=batch_time,
             zero_time=self.pipeline.zero_time,
@@ -147,8 +146,8 @@ class BatchCommit:
             inputs=self.pipeline.snapshot(),
             outputs=tuple(op.name for op in self.pipeline.graph.outputs),
             written_at_ms=self._clock.now_ms(),
-            operators={name: OperatorProgress.from_json(p) for name, p in self.pipeline.progress().items()},
-            finished=FinishedReport.from_json(finished) if finished else None,
+            operators=self.pipeline.progress(),
+            finished=self.pipeline.finished_report(),
         )
 
     def final_checkpoint(self) -> Checkpoint:

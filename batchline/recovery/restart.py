@@ -12,7 +12,7 @@ from typing import Any
 
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.manager import CheckpointManager
-from batchline.checkpoint.model import Checkpoint
+from batchline.checkpoint.model import Checkpoint, OperatorProgress
 from batchline.errors import ConfigurationError
 from batchline.streams import PipelineRuntime
 
@@ -52,7 +52,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
     interval = batch_interval_ms
     pipeline.start(checkpoint.zero_time)
     pipeline.restore(checkpoint.inputs)
-    pipeline.restore_finished(checkpoint.finished.to_json() if checkpoint.finished is not None else {})
+    pipeline.restore_finished(checkpoint.finished)
     restored: dict[int, dict[str, dict[str, Any]]] = {}
     # The checkpoint's pending batches and the batches a window may still need get their
     # logged allocations back, without advancing the sources: the checkpointed position
@@ -98,7 +98,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
 
 
 def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpoint, last_logged: int,
-                             interval: int) -> dict[str, dict[str, Any]]:
+                             interval: int) -> dict[str, OperatorProgress]:
     """Operators' progress as of the newest committed batch (its commit marker).
 
     The checkpoint holds the progress of the last batch committed when it was written, which
@@ -109,5 +109,5 @@ def _last_committed_progress(checkpoints: CheckpointManager, checkpoint: Checkpo
     for time in range(last_logged, oldest - interval, -interval):
         commit = checkpoints.events.completed(time)
         if commit is not None:
-            return dict(commit.get("operators", {}))
-    return {name: progress.to_json() for name, progress in checkpoint.operators.items()}
+            return dict(commit.operators)
+    return dict(checkpoint.operators)

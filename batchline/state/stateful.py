@@ -38,6 +38,7 @@ from pyspark.sql.types import StructType
 
 from batchline.batch_time import END_OF_TIME_MS, format_batch_time
 from batchline.checkpoint.events import OperatorInitialized
+from batchline.checkpoint.model import OperatorProgress
 from batchline.choices import choose
 from batchline.errors import ConfigurationError, ContextStateError
 from batchline.scheduler.job import Job, JobKind
@@ -295,28 +296,33 @@ class StatefulRuntime(StreamRuntime):
         self.metadata = metadata
         logger.info("Operator %s starts from an initial state of %d keys", self.name, count)
 
-    def restore_progress(self, progress: dict[str, Any]) -> None:
-        self.max_event_time_ms = progress.get("max_event_time_ms")
-        self.input_max_event_time_ms = {int(i): int(t) for i, t in progress.get("input_max_event_time_ms", {}).items()}
-        self.last_rows_at = progress.get("last_rows_at")
-        self._drained = set(progress.get("finished_partitions", ()))
-        self._finished_after = progress.get("finished_after")
-        facts = progress.get("partitions")
-        self._facts = None if facts is None else {int(p): PartitionFacts.from_json(f) for p, f in facts.items()}
-        self._facts_generation = progress.get("partitions_generation")
+    def restore_progress(self, progress: OperatorProgress) -> None:
+        self.max_event_time_ms = progress.max_event_time_ms
+        self.input_max_event_time_ms = dict(progress.input_max_event_time_ms)
+        self.last_rows_at = progress.last_rows_at
+        self._drained = set(progress.finished_partitions)
+        self._finished_after = progress.finished_after
+        facts = progress.partitions
+        self._facts = None if facts is None else {p: PartitionFacts.from_json(f) for p, f in facts.items()}
+        self._facts_generation = progress.partitions_generation
 
-    def progress(self) -> dict[str, Any]:
-        progress: dict[str, Any] = {"max_event_time_ms": self.max_event_time_ms, "last_rows_at": self.last_rows_at}
-        if self.input_max_event_time_ms:
-            progress["input_max_event_time_ms"] = {str(i): t for i, t in sorted(self.input_max_event_time_ms.items())}
-        if self._drained:
-            progress.update(finished_partitions=sorted(self._drained), finished_after=self._finished_after)
+    def progress(self) -> OperatorProgress:
+        facts: dict[int, Any] | None = None
+        generation: int | None = None
         if self._facts is not None and self.metadata is not None:
             # The timers a restarted driver must know, so that it skips idle batches from the
             # first; under the generation they hold for (a rescale or write_state makes a new one).
-            progress["partitions"] = {str(p): f.to_json() for p, f in sorted(self._facts.items())}
-            progress["partitions_generation"] = self.metadata.generation
-        return progress
+            facts = {p: f.to_json() for p, f in sorted(self._facts.items())}
+            generation = self.metadata.generation
+        return OperatorProgress(
+            max_event_time_ms=self.max_event_time_ms,
+            finished_partitions=tuple(sorted(self._drained)),
+            finished_after=self._finished_after if self._drained else None,
+            partitions=facts,
+            partitions_generation=generation,
+            input_max_event_time_ms=dict(self.input_max_event_time_ms),
+            last_rows_at=self.last_rows_at,
+        )
 
     # ---------------------------------------------------------------- finishing (SPEC G2)
     def partitions(self) -> int:

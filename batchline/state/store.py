@@ -205,7 +205,7 @@ class FileHeader:
         return {HEADER_KEY: json.dumps(dataclasses.asdict(self), sort_keys=True).encode()}
 
     @classmethod
-    def from_metadata(cls, metadata: dict[bytes, bytes] | None, kind: str, where: str) -> FileHeader:
+    def from_metadata(cls, metadata: dict[bytes, bytes] | None, kind: FileKind, where: str) -> FileHeader:
         """The header of a file read as ``kind``; files written before headers were typed
         carry only version, partition and perhaps ``initial``, and read the same."""
         raw = (metadata or {}).get(HEADER_KEY)
@@ -259,7 +259,7 @@ def encode_version_file(header: FileHeader, table: pa.Table) -> bytes:
     return sink.getvalue()
 
 
-def decode_version_file(data: bytes, kind: str, where: str) -> VersionFile:
+def decode_version_file(data: bytes, kind: FileKind, where: str) -> VersionFile:
     """The file's header and table, once its checksum matched. A file without a checksum (as
     releases before checksums wrote them) is read when it is a whole Arrow IPC file."""
     if not data:
@@ -319,7 +319,7 @@ class StateStore(abc.ABC):
         """Replace the metadata in one step."""
 
     @abc.abstractmethod
-    def list_versions(self, generation: int, partition: int) -> dict[int, set[str]]:
+    def list_versions(self, generation: int, partition: int) -> dict[int, set[FileKind]]:
         """The kinds of file present for each version of a partition."""
 
     @abc.abstractmethod
@@ -327,15 +327,15 @@ class StateStore(abc.ABC):
         """Write (or rewrite, for a retried task) the file ``header`` describes; the bytes written."""
 
     @abc.abstractmethod
-    def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
+    def read_version(self, generation: int, partition: int, version: int, kind: FileKind) -> VersionFile:
         """One version file with its header."""
 
     @abc.abstractmethod
-    def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
+    def has_version(self, generation: int, partition: int, version: int, kind: FileKind) -> bool:
         """Whether that version file is there, without reading it."""
 
     @abc.abstractmethod
-    def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
+    def delete_version(self, generation: int, partition: int, version: int, kind: FileKind) -> None:
         """Delete one version file; nothing happens when it is already gone."""
 
     @abc.abstractmethod
@@ -350,11 +350,11 @@ class StateStore(abc.ABC):
         """Where a partition's files are, for messages."""
         return f"{self.location}/{STATE_DIR}/{self.operator}/g{generation}/p{partition:05d}"
 
-    def file_location(self, generation: int, partition: int, version: int, kind: str) -> str:
+    def file_location(self, generation: int, partition: int, version: int, kind: FileKind) -> str:
         """Where one version file is (or would be), for messages."""
         return f"{self.partition_location(generation, partition)}/{_file_name(version, kind)}"
 
-    def read_problem(self, generation: int, partition: int, version: int, kind: str) -> tuple[str, str] | None:
+    def read_problem(self, generation: int, partition: int, version: int, kind: FileKind) -> tuple[str, str] | None:
         """Where that version file is and why it cannot be read back whole (missing, damaged,
         not batchline's, unreadable); None when it reads whole. It reads the file, checksum
         and all: asked only of the few files a restart means to trust without writing them again."""
@@ -399,7 +399,7 @@ class StateStore(abc.ABC):
 
     def plan_load(self, generation: int, partition: int, version: int | None, below: int | None = None,
                   since: int | None = None, without_snapshots: frozenset[int] = frozenset()) \
-            -> tuple[int | None, list[tuple[int, str]]]:
+            -> tuple[int | None, list[tuple[int, FileKind]]]:
         """The files to read for a partition: at ``version`` exactly, or (``below``) the newest
         version under that bound. With ``since`` (a version already held) only later deltas are
         read when they follow on from it. Snapshots of ``without_snapshots`` (found damaged) are
@@ -422,7 +422,7 @@ class StateStore(abc.ABC):
                 return target, [(v, DELTA) for v in later]
         snapshots = [v for v in candidates if SNAPSHOT in versions[v] and v not in without_snapshots]
         start = snapshots[-1] if snapshots else None
-        steps: list[tuple[int, str]] = [(start, SNAPSHOT)] if start is not None else []
+        steps: list[tuple[int, FileKind]] = [(start, SNAPSHOT)] if start is not None else []
         for v in candidates:
             if start is None or v > start:
                 if DELTA not in versions[v]:
@@ -435,7 +435,7 @@ class StateStore(abc.ABC):
                 steps.append((v, DELTA))
         return target, steps
 
-    def _check_header(self, found: VersionFile, generation: int, partition: int, version: int, kind: str,
+    def _check_header(self, found: VersionFile, generation: int, partition: int, version: int, kind: FileKind,
                       where: str) -> VersionFile:
         header = found.header
         if (header.version, header.partition, header.kind) != (version, partition, kind):
@@ -453,14 +453,15 @@ def _span(versions: list[int]) -> str:
     return f"{versions[0]} .. {versions[-1]} ({len(versions)} versions)"
 
 
-def _file_name(version: int, kind: str) -> str:
+def _file_name(version: int, kind: FileKind) -> str:
+    """The name a version file has on disk: the kind's value is its suffix, as files always had."""
     return f"{version:015d}.{kind}.arrow"
 
 
-def _parse_name(name: str) -> tuple[int, str] | None:
+def _parse_name(name: str) -> tuple[int, FileKind] | None:
     parts = name.split(".")
     if len(parts) == 3 and parts[0].isdigit() and parts[1] in KINDS and parts[2] == "arrow":
-        return int(parts[0]), parts[1]
+        return int(parts[0]), FileKind(parts[1])
     return None
 
 
@@ -527,11 +528,11 @@ class FileStateStore(StateStore):
     def partition_dir(self, generation: int, partition: int) -> str:
         return f"{self.base}/g{generation}/p{partition:05d}"
 
-    def _path(self, generation: int, partition: int, version: int, kind: str) -> str:
+    def _path(self, generation: int, partition: int, version: int, kind: FileKind) -> str:
         return f"{self.partition_dir(generation, partition)}/{_file_name(version, kind)}"
 
-    def list_versions(self, generation: int, partition: int) -> dict[int, set[str]]:
-        found: dict[int, set[str]] = {}
+    def list_versions(self, generation: int, partition: int) -> dict[int, set[FileKind]]:
+        found: dict[int, set[FileKind]] = {}
         for name in self.storage.list_names(self.partition_dir(generation, partition)):
             parsed = _parse_name(name)
             if parsed is not None:
@@ -543,18 +544,18 @@ class FileStateStore(StateStore):
         self.storage.replace(self._path(generation, header.partition, header.version, header.kind), data)
         return len(data)
 
-    def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
+    def read_version(self, generation: int, partition: int, version: int, kind: FileKind) -> VersionFile:
         path = self._path(generation, partition, version, kind)
         found = decode_version_file(self.storage.read(path), kind, self.storage.full_url(path))
         return self._check_header(found, generation, partition, version, kind, self.storage.full_url(path))
 
-    def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
+    def has_version(self, generation: int, partition: int, version: int, kind: FileKind) -> bool:
         return self.storage.exists(self._path(generation, partition, version, kind))
 
-    def file_location(self, generation: int, partition: int, version: int, kind: str) -> str:
+    def file_location(self, generation: int, partition: int, version: int, kind: FileKind) -> str:
         return self.storage.full_url(self._path(generation, partition, version, kind))
 
-    def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
+    def delete_version(self, generation: int, partition: int, version: int, kind: FileKind) -> None:
         self.storage.delete(self._path(generation, partition, version, kind))
 
     def delete_generation(self, generation: int) -> None:
@@ -575,7 +576,7 @@ class MemoryStateStore(StateStore):
         self._id = uuid.uuid4().hex
         self._lock = threading.Lock()
         self._metadata: dict[str, Any] | None = None
-        self._files: dict[tuple[int, int, int, str], bytes] = {}
+        self._files: dict[tuple[int, int, int, FileKind], bytes] = {}
 
     def __reduce__(self) -> NoReturn:
         raise StateStoreError(
@@ -600,8 +601,8 @@ class MemoryStateStore(StateStore):
         with self._lock:
             self._metadata = payload
 
-    def list_versions(self, generation: int, partition: int) -> dict[int, set[str]]:
-        found: dict[int, set[str]] = {}
+    def list_versions(self, generation: int, partition: int) -> dict[int, set[FileKind]]:
+        found: dict[int, set[FileKind]] = {}
         with self._lock:
             for g, p, version, kind in self._files:
                 if (g, p) == (generation, partition):
@@ -614,7 +615,7 @@ class MemoryStateStore(StateStore):
             self._files[(generation, header.partition, header.version, header.kind)] = data
         return len(data)
 
-    def read_version(self, generation: int, partition: int, version: int, kind: str) -> VersionFile:
+    def read_version(self, generation: int, partition: int, version: int, kind: FileKind) -> VersionFile:
         where = f"{self.location}/g{generation}/p{partition}/{_file_name(version, kind)}"
         with self._lock:
             data = self._files.get((generation, partition, version, kind))
@@ -623,11 +624,11 @@ class MemoryStateStore(StateStore):
                                     f"{self.location}; list_versions() shows what the store holds")
         return self._check_header(decode_version_file(data, kind, where), generation, partition, version, kind, where)
 
-    def has_version(self, generation: int, partition: int, version: int, kind: str) -> bool:
+    def has_version(self, generation: int, partition: int, version: int, kind: FileKind) -> bool:
         with self._lock:
             return (generation, partition, version, kind) in self._files
 
-    def delete_version(self, generation: int, partition: int, version: int, kind: str) -> None:
+    def delete_version(self, generation: int, partition: int, version: int, kind: FileKind) -> None:
         with self._lock:
             self._files.pop((generation, partition, version, kind), None)
 

@@ -23,6 +23,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.manager import CheckpointManager
+from batchline.checkpoint.model import OperatorProgress
 from batchline.clock import Clock
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job
@@ -303,11 +304,11 @@ class StreamRuntime(ABC):
         """What a stateful operator did in the batch, for its progress record; None for other nodes."""
         return None
 
-    def progress(self) -> dict[str, Any] | None:
+    def progress(self) -> OperatorProgress | None:
         """Progress that must survive a restart (e.g. the newest event time), kept in each commit."""
         return None
 
-    def restore_progress(self, progress: dict[str, Any]) -> None:
+    def restore_progress(self, progress: OperatorProgress) -> None:
         """Take back what ``progress`` returned as of the last committed batch."""
         return None
 

@@ -11,6 +11,7 @@ import logging
 from typing import Any
 
 from batchline.batch_time import format_batch_time
+from batchline.checkpoint.model import FinishedReport, OperatorProgress
 from batchline.errors import ConfigurationError
 from batchline.scheduler.job import Job
 from batchline.scheduler.progress import StateOperatorProgress
@@ -143,22 +144,24 @@ class PipelineRuntime:
             return None
         return max(t for t in times if t is not None)
 
-    def finished_report(self) -> dict[str, Any]:
+    def finished_report(self) -> FinishedReport | None:
         """What a checkpoint records as finished: inputs by name (not read again after a
-        restart), operators by their checkpoint name, and every finished stream."""
+        restart), operators by their checkpoint name, and every finished stream; None while
+        nothing has finished."""
         inputs = {s.name: t for s in self.inputs if (t := s.finished_after()) is not None}
-        streams = [repr(r.node) for r in self.runtimes if r.finished_after() is not None]
+        streams = tuple(repr(r.node) for r in self.runtimes if r.finished_after() is not None)
         if not inputs and not streams:
-            return {}
-        return {"inputs": inputs, "streams": streams,
-                "outputs": {op.name: t for op in self.graph.outputs
-                            if (t := self.runtime_of(op.node).finished_after()) is not None}}
+            return None
+        return FinishedReport(inputs, streams, {op.name: t for op in self.graph.outputs
+                                                if (t := self.runtime_of(op.node).finished_after()) is not None})
 
-    def restore_finished(self, report: dict[str, Any]) -> None:
-        """Take back which inputs a checkpoint recorded as finished; operators restore their
-        partitions' finish with their progress."""
+    def restore_finished(self, report: FinishedReport | None) -> None:
+        """Take back which inputs a checkpoint recorded as finished (None: nothing had);
+        operators restore their partitions' finish with their progress."""
+        if report is None:
+            return
         for stream in self.inputs:
-            finished = report.get("inputs", {}).get(stream.name)
+            finished = report.inputs.get(stream.name)
             if finished is not None and not stream.node.bounded:
                 logger.info("Input %s had ended before the restart and is now unbounded: it goes on from its "
                             "position", stream.name)
@@ -234,9 +237,9 @@ class PipelineRuntime:
             runtime.clear_metadata(batch_time)
 
     # ---------------------------------------------------------------- progress
-    def progress(self) -> dict[str, dict[str, Any]]:
+    def progress(self) -> dict[str, OperatorProgress]:
         """Progress that must survive a restart, by the name each node keeps at the checkpoint."""
-        found: dict[str, dict[str, Any]] = {}
+        found: dict[str, OperatorProgress] = {}
         for runtime in self.runtimes:
             claim = runtime.node.checkpoint_claim()
             progress = runtime.progress()
@@ -244,7 +247,7 @@ class PipelineRuntime:
                 found[claim[1]] = progress
         return found
 
-    def restore_progress(self, progress: dict[str, dict[str, Any]]) -> None:
+    def restore_progress(self, progress: dict[str, OperatorProgress]) -> None:
         for runtime in self.runtimes:
             claim = runtime.node.checkpoint_claim()
             if claim is not None and claim[1] in progress:

@@ -19,6 +19,7 @@ import pytest
 
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import SystemClock
+from batchline.observe.control import StopHow
 from batchline.observe.status import read_status
 from tests.chaos.test_chaos import finish, output_ids, start_driver
 from tests.helpers import DRIVERS, wait_for
@@ -155,7 +156,7 @@ def assert_ended_with_one_clear_error(driver: GroupLeader, code: int | None, che
                                                "batchline/api/run.py await_termination"], driver.stderr[-5000:]
     assert "batchline.errors.SparkGoneError: the Spark JVM is gone" in driver.stderr, driver.stderr[-5000:]
     status = read_status(CheckpointStorage(str(checkpoint), warn=False), SystemClock())
-    assert status.last_stop is not None and status.last_stop.how == "failed", status.describe()
+    assert status.last_stop is not None and status.last_stop.how is StopHow.FAILED, status.describe()
     assert "the Spark JVM is gone" in (status.last_stop.reason or ""), status.describe()
 
 

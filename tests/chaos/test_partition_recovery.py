@@ -245,18 +245,16 @@ def make_failing_total(checkpoint: str, marker: str, bad_user: int):
             count, total = count + 1, total + row.n
         if user == bad_user and state.exists and not os.path.exists(marker):
             batch_dir = os.path.join(checkpoint, "events", f"{state.current_processing_time_ms():015d}")
-            deadline = time.monotonic() + 60
-            finished = 0
-            while time.monotonic() < deadline:
-                if os.path.isdir(batch_dir):
-                    finished = sum(n.startswith("finished-sessions-") for n in os.listdir(batch_dir))
-                    if finished >= QUEUE_PARTITIONS - 1:
-                        break
-                time.sleep(0.1)
+
+            def finished() -> int:  # the other partitions that recorded their finish
+                names = os.listdir(batch_dir) if os.path.isdir(batch_dir) else []
+                return sum(n.startswith("finished-sessions-") for n in names)
+
+            all_finished = poll_until(lambda: finished() >= QUEUE_PARTITIONS - 1, 60, 0.1)
             open(marker, "w").close()
-            if finished >= QUEUE_PARTITIONS - 1:
-                raise RuntimeError(f"injected failure after {finished} other partitions finished")
-            raise RuntimeError(f"gave up: only {finished} other partitions finished")
+            if all_finished:
+                raise RuntimeError(f"injected failure after {finished()} other partitions finished")
+            raise RuntimeError(f"gave up: only {finished()} other partitions finished")
         state.update((count, total))
         yield (user, count, total)
 

@@ -44,7 +44,7 @@ import s3fs
 
 from harness.numbering import numbered_output
 from harness.tcp_proxy import TcpProxy
-from tests.helpers import DRIVERS
+from tests.helpers import DRIVERS, poll_until
 
 DRIVER = DRIVERS / "soak_chaos_driver.py"
 USERS = 25
@@ -264,14 +264,17 @@ def run_soak_chaos(cluster: Any, s3_options: dict, work: Path, settings: SoakSet
         # The last driver works off what is left, without faults, until three batches in a row
         # found nothing new.
         catch_up = time.monotonic()
-        deadline = catch_up + 600
         seen = len(driver.records)
-        while not (len(driver.records) >= seen + 3 and not any(driver.records[-3:])):
+
+        def worked_off() -> bool:
+            if len(driver.records) >= seen + 3 and not any(driver.records[-3:]):
+                return True
             if not driver.alive():
                 raise AssertionError(f"the last driver ended by itself:\n{tail()}")
-            if time.monotonic() > deadline:
-                raise AssertionError(f"the last driver did not work off the input in 600 s:\n{tail()}")
-            time.sleep(0.5)
+            return False
+
+        if not poll_until(worked_off, timeout_s=600, step_s=0.5):
+            raise AssertionError(f"the last driver did not work off the input in 600 s:\n{tail()}")
         record.final_catch_up_s = round(time.monotonic() - catch_up, 1)
         driver.process.send_signal(signal.SIGTERM)
         driver.process.wait(120)

@@ -13,6 +13,8 @@ from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
+from tests.helpers import wait_for
+
 TIMEOUT_S = 30
 
 
@@ -50,10 +52,8 @@ def _read_to_end(consumer: Consumer, topic: str, partitions: int) -> list[tuple[
 def _wait_stable(kafka_broker, topic: str, end: int, partition: int = 0) -> None:
     # commit_transaction() returns once the coordinator has logged the commit; the markers reach
     # the partitions just after, and until then the last stable offset is short of the end.
-    deadline = time.monotonic() + TIMEOUT_S
-    while kafka_broker.watermarks(topic, read_committed=True)[partition][1] < end:
-        assert time.monotonic() < deadline, kafka_broker.watermarks(topic, read_committed=True)
-        time.sleep(0.05)
+    wait_for(lambda: kafka_broker.watermarks(topic, read_committed=True)[partition][1] >= end,
+             f"last stable offset {end} in {topic} [{partition}]", timeout_s=TIMEOUT_S, step_s=0.05)
 
 
 def _transactional(kafka_broker) -> Producer:

@@ -16,7 +16,6 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -157,10 +156,8 @@ def _run(block: Block, folder: Path, request: pytest.FixtureRequest) -> str:
                                    start_new_session=True)
     try:
         if RUNS_UNTIL_STOPPED.search(block.code):
-            deadline = time.monotonic() + FIRST_BATCH_TIMEOUT_S
-            while (process.poll() is None and time.monotonic() < deadline
-                   and not PER_BATCH_LINE.search(_output(folder))):
-                time.sleep(0.2)
+            poll_until(lambda: PER_BATCH_LINE.search(_output(folder)), FIRST_BATCH_TIMEOUT_S, 0.2,
+                       stop=lambda: process.poll() is not None)
             assert process.poll() is None, f"{block.name}: exited before Ctrl-C:\n{_output(folder)}"
             os.killpg(process.pid, signal.SIGINT)
             timeout = STOP_TIMEOUT_S

@@ -51,7 +51,7 @@ def test_the_job_event_log_fences_a_second_driver_on_s3(s3_endpoint):
     with pytest.raises(FencedError, match="already written by another driver"):
         second.batch_completed(5000, token=2)
     assert first.started(5000) == {"files": {"paths": ["a.json"]}}
-    assert first.completed(5000)["token"] == 1
+    assert first.completed(5000).token == 1
 
 
 class PlainStore(MemoryFileSystem):

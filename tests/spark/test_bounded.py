@@ -4,7 +4,6 @@ their timeouts, write a final checkpoint, and keep going after part of them ende
 import datetime as dt
 import json
 import os
-import time
 from dataclasses import dataclass
 
 import pyarrow.json as pj
@@ -19,7 +18,7 @@ from batchline.cli.main import main
 from batchline.sources.files import FileSource
 from batchline.state import GroupStateTimeout, read_state
 from batchline.testing import END, BatchRecorder, CollectSink, list_stream
-from tests.helpers import Count, LogWatcher, running_count
+from tests.helpers import Count, LogWatcher, running_count, wait_for
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("value", LongType()),
                      StructField("ts", TimestampType())])
@@ -240,13 +239,12 @@ def test_unbounded_input_keeps_running_after_a_bounded_one_ended(spark, tmp_path
             # G1: checkpoints go on after the bounded input ended, and record it finished (G2).
             log.wait_for("Checkpoint for time", timeout=30)
             storage = CheckpointStorage(str(tmp_path / "checkpoint"))
-            for _ in range(100):
+            def history_finished():
                 checkpoint, _ = load_latest_checkpoint(storage)
-                if checkpoint is not None and "history" in checkpoint.finished_inputs:
-                    break
-                time.sleep(0.1)
-            else:
-                pytest.fail("no checkpoint recorded the history input as finished")
+                return checkpoint if checkpoint is not None and "history" in checkpoint.finished_inputs else None
+
+            checkpoint = wait_for(history_finished, "checkpoint that recorded the history input as finished",
+                                  timeout_s=10, step_s=0.1)
             assert "live" not in checkpoint.finished_inputs
             (live / "l0.json").write_text(json.dumps({"key": "k0", "value": 1}) + "\n")
             sink.wait_for_rows(lambda rows: {"key": "k0", "count": 7} in rows)

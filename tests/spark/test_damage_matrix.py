@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import logging
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +36,7 @@ import pytest
 
 from batchline.errors import BatchlineError
 from batchline.scheduler.retry import RetryPolicy
-from tests.helpers import LogWatcher
+from tests.helpers import LogWatcher, wait_for
 from tests.spark.damage_pipeline import CRASH_AT, END_MS, START_MS, CountsRun, output_rows
 
 DAMAGES = ("flipped", "truncated", "emptied", "deleted")
@@ -156,8 +155,13 @@ def crashed(spark, tmp_path_factory) -> Path:
     CountsRun(spark, root, START_MS, crash_at=CRASH_AT).crash()
     # Snapshots are written by the Python workers in the background: wait until they are done.
     listing: list[tuple[str, int]] = []
-    while listing != (listing := sorted((str(p), p.stat().st_size) for p in root.rglob("*") if p.is_file())):
-        time.sleep(0.5)
+
+    def settled() -> bool:  # the same files, of the same sizes, as half a second before
+        nonlocal listing
+        before, listing = listing, sorted((str(p), p.stat().st_size) for p in root.rglob("*") if p.is_file())
+        return listing == before
+
+    wait_for(settled, "end of the background snapshot writes", timeout_s=120, step_s=0.5)
     assert not [name for name, _ in listing if "/.tmp-" in name]
     return root
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -27,6 +26,7 @@ from batchline.scheduler.retry import RetryPolicy
 from batchline.state import read_state
 from batchline.state.stateful import StatefulRuntime
 from batchline.testing import BatchRecorder, list_stream
+from tests.helpers import poll_until
 
 START, INTERVAL, PARTITIONS = 100_000, 1000, 4
 FAILED_BATCH = START + 2 * INTERVAL
@@ -58,13 +58,14 @@ def make_total(checkpoint: str, marker: str):
             count, total = count + 1, total + row.n
         if key == BAD_KEY and state.current_processing_time_ms() == FAILED_BATCH and not os.path.exists(marker):
             batch_dir = os.path.join(checkpoint, "events", f"{FAILED_BATCH:015d}")
-            deadline, finished = time.monotonic() + 60, 0
-            while time.monotonic() < deadline and finished < PARTITIONS - 1:
-                if os.path.isdir(batch_dir):
-                    finished = sum(n.startswith("finished-totals-") for n in os.listdir(batch_dir))
-                time.sleep(0.1)
+
+            def finished() -> int:  # the other partitions that recorded their finish
+                names = os.listdir(batch_dir) if os.path.isdir(batch_dir) else []
+                return sum(n.startswith("finished-totals-") for n in names)
+
+            poll_until(lambda: finished() >= PARTITIONS - 1, 60, 0.1)
             open(marker, "w").close()
-            raise RuntimeError(f"injected failure after {finished} other partitions finished")
+            raise RuntimeError(f"injected failure after {finished()} other partitions finished")
         state.update((count, total))
         yield (key, count, total)
 

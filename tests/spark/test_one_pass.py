@@ -6,7 +6,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -20,7 +19,7 @@ from batchline.scheduler.retry import RetryPolicy
 from batchline.sources import parsing
 from batchline.state import GroupStateTimeout, read_state
 from batchline.testing import BatchRecorder, CollectSink
-from tests.helpers import DRIVERS, ROOT, Count, running_count
+from tests.helpers import DRIVERS, ROOT, Count, poll_until, running_count
 
 SCHEMA = StructType([StructField("key", StringType(), False), StructField("value", IntegerType(), True)])
 START, INTERVAL = 100_000, 1000
@@ -217,11 +216,8 @@ def failing_once(checkpoint: str, marker: str, bad_user: int):
         count = (state.get()[0] if state.exists else 0) + sum(1 for _ in rows)
         if user == bad_user and state.exists and not os.path.exists(marker):
             batch_dir = os.path.join(checkpoint, "events", f"{state.current_processing_time_ms():015d}")
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline and not (
-                    os.path.isdir(batch_dir) and sum(n.startswith("finished-counts-") for n in os.listdir(batch_dir))
-                    >= RERUN_PARTITIONS - 1):
-                time.sleep(0.05)
+            poll_until(lambda: os.path.isdir(batch_dir) and sum(
+                n.startswith("finished-counts-") for n in os.listdir(batch_dir)) >= RERUN_PARTITIONS - 1, 60, 0.05)
             open(marker, "w").close()
             raise RuntimeError("injected failure after the other partitions finished")
         state.update((count,))

@@ -3,7 +3,6 @@
 import logging
 import os
 import threading
-import time
 
 import pytest
 
@@ -12,7 +11,7 @@ from batchline.checkpoint.lease import CheckpointLockedError
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import ManualClock
 from batchline.testing import BatchRecorder, CollectSink
-from tests.helpers import LogWatcher
+from tests.helpers import LogWatcher, wait_for
 
 GENERATOR = "batchline.scheduler.job_generator"
 RESTART = "batchline.recovery.restart"  # the seed's restart lines, now beside the batch commit
@@ -88,10 +87,8 @@ def test_batches_pending_at_the_checkpoint_rerun_with_their_logged_inputs(spark,
     first.recorder.wait_for_event("started", 13_000)
     first.clock.advance(1000)  # 14 000 is generated behind the stuck 13 000; a checkpoint is taken
     manifest = tmp_path / "_manifest.json"
-    deadline = time.monotonic() + 30
-    while "000000000014000" not in (manifest.read_text() if manifest.exists() else ""):
-        assert time.monotonic() < deadline, "no checkpoint for 14 000"
-        time.sleep(0.01)
+    wait_for(lambda: "000000000014000" in (manifest.read_text() if manifest.exists() else ""),
+             "checkpoint for 14 000", timeout_s=30, step_s=0.01)
     stopper = threading.Thread(target=first.ssc.stop)
     stopper.start()
     first.release.set()

@@ -20,6 +20,7 @@ import pytest
 
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import SystemClock
+from batchline.observe.control import StopHow
 from batchline.observe.status import read_status
 from tests.helpers import wait_for
 
@@ -159,7 +160,7 @@ def test_sigterm_to_batchline_run_stops_gracefully_and_the_next_start_says_so(tm
     status = read_status(CheckpointStorage(str(checkpoint), warn=False), SystemClock())
     assert status.state == "stopped"
     assert status.lease is not None and status.lease.released
-    assert status.last_stop is not None and status.last_stop.how == "graceful"
+    assert status.last_stop is not None and status.last_stop.how is StopHow.GRACEFUL
     assert "  last stop: graceful, at " in status.describe()
 
     second = Script([*run, "quiet"], tmp_path)
@@ -183,7 +184,7 @@ def test_ctrl_c_stops_a_library_pipeline_gracefully_and_its_lines_show_without_l
     assert len([x for x in plain.err if BATCH_LINE.search(x)]) >= 2, plain.stderr[-5000:]
     assert "Pipeline signals stopped (graceful)" in plain.stderr
     status = read_status(CheckpointStorage(str(checkpoint), warn=False), SystemClock())
-    assert (status.state, status.last_stop and status.last_stop.how) == ("stopped", "graceful")
+    assert (status.state, status.last_stop and status.last_stop.how) == ("stopped", StopHow.GRACEFUL)
 
 
 def test_a_second_ctrl_c_stops_at_once_while_the_graceful_stop_waits_for_a_batch(tmp_path):
@@ -205,4 +206,4 @@ def test_a_second_ctrl_c_stops_at_once_while_the_graceful_stop_waits_for_a_batch
     assert "after await_termination: True" in held.out, held.out
     assert "Traceback" not in held.stderr and "KeyboardInterrupt" not in held.stderr, held.stderr[-5000:]
     status = read_status(CheckpointStorage(str(checkpoint), warn=False), SystemClock())
-    assert (status.state, status.last_stop and status.last_stop.how) == ("stopped", "immediate")
+    assert (status.state, status.last_stop and status.last_stop.how) == ("stopped", StopHow.IMMEDIATE)

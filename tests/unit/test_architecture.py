@@ -5,6 +5,7 @@ the rooms (top-level packages and modules) form no cycle either. Imports under
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 from tests.helpers import ROOT
@@ -122,6 +123,22 @@ def test_the_stream_model_is_the_ground_floor():
     assert rooms["streams"] <= below_streams, rooms["streams"] - below_streams
     assert rooms["scheduler"] <= foundations, rooms["scheduler"] - foundations
     assert "api" not in rooms["recovery"] and "recovery" not in rooms["sources"] | rooms["state"]
+
+
+def test_the_readme_s_code_map_lists_the_rooms_top_down():
+    """The README's layout table says every row imports only rows below it: each package (and
+    ``testing.py``) there imports only the rooms of the rows below it, and the foundations
+    (``batchline/*.py``, the last row of the package) import no package."""
+    rooms = room_graph(import_graph())
+    table = re.findall(r"^\| `batchline/([a-z_]+)(?:/|\.py)` \|", (ROOT / "README.md").read_text(), re.MULTILINE)
+    rows = [name for name in table if name != "__init__"]  # the public face: see room_graph
+    foundations = {room for room in rooms if (PACKAGE / f"{room}.py").exists()} - set(rows)
+    assert set(rows) == set(rooms) - foundations, "rooms missing from the README's table"
+    for index, room in enumerate(rows):
+        allowed = set(rows[index + 1:]) | foundations
+        assert rooms[room] <= allowed, f"{room} imports {sorted(rooms[room] - allowed)}, above it in the table"
+    for room in foundations:
+        assert rooms[room] <= foundations, f"{room}.py imports {sorted(rooms[room] - foundations)}"
 
 
 def test_the_cycle_finder_finds_a_cycle():

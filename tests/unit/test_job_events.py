@@ -6,8 +6,9 @@ import logging
 
 import pytest
 
-from batchline.checkpoint.events import JobEventStore, OperatorInitialized, PartitionFinished
+from batchline.checkpoint.events import CommitMarker, JobEventStore, OperatorInitialized, PartitionFinished
 from batchline.checkpoint.lease import FencedError
+from batchline.checkpoint.model import OperatorProgress
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, seal
 
 
@@ -27,7 +28,7 @@ def test_a_batch_is_logged_its_partitions_finish_and_it_completes(tmp_path):
     events.operator_initialized(2000, OperatorInitialized("sessions", 8, 0))  # a re-run writes it again: kept
     events.partition_finished(2000, finished(3))
     events.partition_finished(2000, finished(3, rows=99))  # a retried task's record: the first one stays
-    events.batch_completed(2000, token=1, operators={"sessions": {"max_event_time_ms": None}})
+    events.batch_completed(2000, token=1, operators={"sessions": OperatorProgress(last_rows_at=1000)})
 
     assert events.started(2000) == {"gen": {"start": 0, "end": 10}}
     assert events.operator(2000, "sessions", 0) == OperatorInitialized("sessions", 8, 0)
@@ -35,7 +36,7 @@ def test_a_batch_is_logged_its_partitions_finish_and_it_completes(tmp_path):
     assert events.finished(2000, "sessions", 0, 4) is None
     assert events.finished(2000, "sessions", 1, 3) is None  # another generation (a rescale) keeps nothing
     assert events.is_completed(2000) and not events.is_completed(3000)
-    assert events.completed(2000)["operators"] == {"sessions": {"max_event_time_ms": None}}
+    assert events.completed(2000) == CommitMarker(2000, 1, {"sessions": OperatorProgress(last_rows_at=1000)})
 
 
 def test_a_second_driver_cannot_log_or_complete_a_batch_again(tmp_path):

@@ -24,7 +24,7 @@ WHERE = "file:///ckpt/state/counts/g0/p00003/001700000000000.delta.arrow"
 
 
 def test_a_file_reads_back_as_written():
-    found = decode_version_file(encode_version_file(HEADER, TABLE), "delta", WHERE)
+    found = decode_version_file(encode_version_file(HEADER, TABLE), FileKind.DELTA, WHERE)
     assert found.header == HEADER and found.table.select(["key", "count"]).equals(TABLE)
 
 
@@ -34,7 +34,7 @@ def test_a_flipped_byte_anywhere_fails_the_checksum(where):
     index = {"start": 8, "middle": len(data) // 2, "end": len(data) - 20}[where]
     data[index] ^= 0x01
     with pytest.raises(DamagedStateFileError) as failure:
-        decode_version_file(bytes(data), "delta", WHERE)
+        decode_version_file(bytes(data), FileKind.DELTA, WHERE)
     assert WHERE in str(failure.value) and "checksum does not match" in str(failure.value)
     assert "Restore the file" in str(failure.value)
 
@@ -43,7 +43,7 @@ def test_a_flipped_byte_anywhere_fails_the_checksum(where):
 def test_a_cut_or_emptied_file_is_named_as_such(size, problem):
     data = encode_version_file(HEADER, TABLE)
     with pytest.raises(DamagedStateFileError, match=problem):
-        decode_version_file(data[:size], "delta", WHERE)
+        decode_version_file(data[:size], FileKind.DELTA, WHERE)
 
 
 def test_a_damaged_file_is_not_retried_and_reaches_the_driver_with_its_name():
@@ -59,7 +59,7 @@ def test_a_file_written_before_checksums_is_read():
     sink = io.BytesIO()
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
-    found = decode_version_file(sink.getvalue(), "delta", WHERE)
+    found = decode_version_file(sink.getvalue(), FileKind.DELTA, WHERE)
     assert found.header == HEADER and found.table.num_rows == 100
 
 

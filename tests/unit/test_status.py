@@ -13,11 +13,17 @@ import pytest
 
 from batchline.batch_time import format_batch_time
 from batchline.checkpoint.lease import LEASE_FILE, Lease, LeaseRecord
-from batchline.checkpoint.storage import CheckpointStorage, seal
+from batchline.checkpoint.storage import CheckpointStorage, seal, unseal
 from batchline.cli.main import main
 from batchline.clock import ManualClock
 from batchline.errors import ConfigurationError
-from batchline.observe.control import StopHow, StopOutcome, read_stop_outcome, record_stop_outcome
+from batchline.observe.control import (
+    STOP_OUTCOME_FILE,
+    StopHow,
+    StopOutcome,
+    read_stop_outcome,
+    record_stop_outcome,
+)
 from batchline.observe.observers import ObserveSettings
 from batchline.observe.progress_log import ProgressLog
 from batchline.observe.status import last_run_ended
@@ -94,7 +100,7 @@ def released_lease(storage: CheckpointStorage, holder: str, acquired_at_ms: int)
 
 def test_an_abandoned_location_does_not_show_the_graceful_stop_of_an_earlier_run(tmp_path, capsys):
     storage = CheckpointStorage(str(tmp_path), warn=False)
-    record_stop_outcome(storage, StopOutcome("", "earlier", StopHow.GRACEFUL.value, NOW - 60_000, None))
+    record_stop_outcome(storage, StopOutcome("", "earlier", StopHow.GRACEFUL, NOW - 60_000, None))
     dead = subprocess.Popen(["true"])
     dead.wait()
     storage.replace(LEASE_FILE, seal(LeaseRecord("later", socket.gethostname(), dead.pid, 5, 10**15,
@@ -114,7 +120,7 @@ def test_an_abandoned_location_does_not_show_the_graceful_stop_of_an_earlier_run
 def test_a_stop_recorded_by_the_last_holder_is_how_the_last_run_ended(tmp_path, capsys):
     storage = CheckpointStorage(str(tmp_path), warn=False)
     released_lease(storage, "last", NOW - 30_000)
-    record_stop_outcome(storage, StopOutcome("", "last", StopHow.GRACEFUL.value, NOW - 2000, NOW - 3000))
+    record_stop_outcome(storage, StopOutcome("", "last", StopHow.GRACEFUL, NOW - 2000, NOW - 3000))
     write_records(storage, record(NOW - 3000))
     assert main(["status", str(tmp_path)]) == 0
     text = capsys.readouterr().out
@@ -126,7 +132,7 @@ def test_a_stop_recorded_by_the_last_holder_is_how_the_last_run_ended(tmp_path, 
 def test_a_refused_start_shows_as_failed_naming_why(tmp_path, capsys):
     storage = CheckpointStorage(str(tmp_path), warn=False)
     released_lease(storage, "refused", NOW - 1000)
-    record_stop_outcome(storage, StopOutcome("", "refused", StopHow.FAILED.value, NOW - 900, None, [],
+    record_stop_outcome(storage, StopOutcome("", "refused", StopHow.FAILED, NOW - 900, None, [],
                                              "start refused: operator 'op' keeps its state in 4 partitions"))
     assert main(["status", str(tmp_path)]) == 0
     text = capsys.readouterr().out
@@ -145,3 +151,21 @@ def test_a_mistyped_location_exits_3_saying_to_check_the_path(tmp_path, capsys):
     assert not missing.exists()  # status reads; it creates nothing
     assert main(["status", str(missing), "--json"]) == 3
     assert json.loads(capsys.readouterr().out)["state"] == "empty"
+
+
+def test_a_stop_outcome_is_typed_in_memory_and_text_in_its_file(tmp_path, capsys):
+    storage = CheckpointStorage(str(tmp_path), warn=False)
+    released_lease(storage, "last", NOW - 30_000)
+    outcome = StopOutcome("r1", "last", StopHow.GRACEFUL_TIMED_OUT, NOW - 2000, NOW - 3000, [NOW - 2000])
+    record_stop_outcome(storage, outcome)
+    written = unseal(storage.read(STOP_OUTCOME_FILE), STOP_OUTCOME_FILE)
+    assert written == {"request_id": "r1", "holder": "last", "how": "graceful, timed out",
+                       "stopped_at_ms": NOW - 2000, "last_committed": NOW - 3000, "unfinished": [NOW - 2000],
+                       "reason": None}
+    assert read_stop_outcome(storage) == outcome
+    assert main(["status", str(tmp_path), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_stop"]["how"] == "graceful, timed out"
+    # A way of stopping a later release added reads as failed, as the messages always told it.
+    storage.replace(STOP_OUTCOME_FILE, seal({**written, "how": "paused", "paused_at_ms": NOW}))
+    assert read_stop_outcome(storage) == StopOutcome("r1", "last", StopHow.FAILED, NOW - 2000, NOW - 3000,
+                                                     [NOW - 2000])
