@@ -33,8 +33,13 @@ ENV = "BENCH_WINDOWS_PROFILE"
 # The Python functions whose cumulative time the summary names (file suffix, function).
 PARTS = {
     "state task (run_partition)": ("state/execution.py", "run_partition"),
-    "grouping the partial rows by key": ("state/execution.py", "_grouped"),
-    "state function calls (MergeIntoState + GroupState)": ("state/execution.py", "_call_function"),
+    "reading the partial rows (markers, late rows)": ("state/execution.py", "_input_rows"),
+    "state function calls (per key, or in bulk)": ("state/execution.py", "_call_function"),
+    "merging in bulk (keys, entries, merge)": ("state/execution.py", "_merge_in_bulk"),
+    "— the keys' entries as Arrow": ("state/entries.py", "table_of"),
+    "— MergeIntoState.merge": ("state/aggregation.py", "merge"),
+    "timing out in bulk": ("state/execution.py", "_time_out_in_bulk"),
+    "applying the changes to the resident state": ("state/entries.py", "merge"),
     "MergeIntoState.__call__": ("state/aggregation.py", "__call__"),
     "MergeIntoState._merge": ("state/aggregation.py", "_merge"),
     "MergeIntoState._row_out": ("state/aggregation.py", "_row_out"),

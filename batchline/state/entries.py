@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from collections.abc import Callable, Container, Iterable, Iterator, Mapping
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -61,6 +61,10 @@ def _malloc_trim() -> Callable[[int], int] | None:
         return ctypes.CDLL(None).malloc_trim  # type: ignore[no-any-return]
     except (OSError, AttributeError):  # not glibc (musl, macOS): nothing to trim
         return None
+
+
+UNKNOWN = object()
+"""``StateEntries.apply``'s stand-in for a key not decoded yet."""
 
 
 def layout_of(key_fields: Iterable[pa.Field], state: pa.Schema) -> pa.Schema:
@@ -158,50 +162,93 @@ class StateEntries:
             found.update(zip((key for key, _ in hit), entries, strict=True))
         return found
 
-    def table_of(self, keys: list[Any], missing_ok: bool = False, layout: pa.Schema | None = None) -> pa.Table:
+    def locate(self, keys: list[Any]) -> np.ndarray:
+        """Each key's base row (int64), or -1: no entry, or one ``recent`` holds."""
+        if not self._recent:
+            return np.array(self._rows_of(keys), dtype=np.int64)
+        rows = np.full(len(keys), -1, dtype=np.int64)
+        unseen = [at for at, key in enumerate(keys) if key not in self._recent]
+        if unseen:
+            rows[unseen] = self._rows_of([keys[at] for at in unseen])
+        return rows
+
+    def table_of(self, keys: list[Any], rows: np.ndarray | None = None, missing_ok: bool = False,
+                 layout: pa.Schema | None = None, key_columns: pa.Table | None = None) -> pa.Table:
         """The entries of ``keys`` in the files' layout, in that order, without decoding the
-        base's rows into Python values (the input of a call in bulk). A key without an entry
-        raises ``KeyError``, or with ``missing_ok`` gets a row without state (``__removed``).
+        base's rows into Python values (the input of a call in bulk); ``rows``: their base
+        rows, when located already (``locate``). A key without an entry raises ``KeyError``,
+        or with ``missing_ok`` gets a row without state (``__removed``), its key columns
+        taken from ``key_columns`` (the keys as Arrow, one row each, in order) when given.
         ``layout``: the files' layout, for entries that never held a key."""
         schema = self._schema or (None if layout is None else layout.remove_metadata())
         if schema is None:
             raise ValueError("state entries without a layout; this is a bug in batchline")
-        fresh: list[tuple[Any, tuple[Any, ...] | None, int | None]] = []
-        fresh_at: list[int] = []
-        unseen: list[Any] = []
-        unseen_at: list[int] = []
-        for at, key in enumerate(keys):
-            held = self._recent.get(key)
-            if held is None:
-                unseen.append(key)
-                unseen_at.append(at)
-                continue
-            if held[0] is None and not missing_ok:
+        rows = self.locate(keys) if rows is None else rows
+        held: list[tuple[Any, tuple[Any, ...] | None, int | None]] = []
+        held_at: list[int] = []
+        missing_at: list[int] = []
+        for at in np.flatnonzero(rows < 0).tolist():
+            key = keys[at]
+            found = self._recent.get(key)
+            if found is not None and found[0] is not None:
+                held.append((key, *found[0]))
+                held_at.append(at)
+            elif not missing_ok:
                 raise KeyError(key)
-            fresh.append((key, *held[0]) if held[0] is not None else (key, None, None))
-            fresh_at.append(at)
-        parts = []
-        if unseen:
-            rows = np.array(self._rows_of(unseen), dtype=np.int64)
-            missing = rows < 0
-            if missing.any():
-                if not missing_ok:
-                    raise KeyError(unseen[int(np.flatnonzero(missing)[0])])
-                fresh += [(unseen[at], None, None) for at in np.flatnonzero(missing).tolist()]
-                fresh_at += [unseen_at[at] for at in np.flatnonzero(missing).tolist()]
-                unseen_at = [at for at, gone in zip(unseen_at, missing.tolist(), strict=True) if not gone]
-                rows = rows[~missing]
-            if len(rows):
-                assert self._base is not None
-                deadlines = None if self._deadlines is None else self._deadlines[rows]
-                parts.append(_complete(_with_timeouts(self._base.take(pa.array(rows)), deadlines), schema))
-        if fresh or not parts:
-            parts.append(rows_table(schema, fresh, self._single_key))
+            else:
+                missing_at.append(at)
+        if key_columns is None:  # the missing keys without state, encoded from Python
+            held += [(keys[at], None, None) for at in missing_at]
+            held_at, missing_at = held_at + missing_at, []
+        parts, order = [], []
+        in_base = np.flatnonzero(rows >= 0)
+        if len(in_base):
+            assert self._base is not None
+            taken = rows[in_base]
+            deadlines = None if self._deadlines is None else self._deadlines[taken]
+            parts.append(_complete(_with_timeouts(self._base.take(pa.array(taken)), deadlines), schema))
+            order.append(in_base)
+        if held or not (parts or missing_at):
+            parts.append(rows_table(schema, held, self._single_key))
+            order.append(np.array(held_at, dtype=np.int64))
+        if missing_at:
+            assert key_columns is not None
+            parts.append(_without_state(key_columns.take(pa.array(missing_at)), schema))
+            order.append(np.array(missing_at, dtype=np.int64))
         table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
-        asked = np.array(unseen_at + fresh_at, dtype=np.int64)
+        asked = np.concatenate(order)
         if (np.diff(asked) < 0).any():  # back in the order asked for
             table = table.take(pa.array(np.argsort(asked, kind="stable")))
         return table
+
+    def due_in_bulk(self, at_ms: int, skip_rows: np.ndarray, skip_keys: Container[Any]
+                    ) -> tuple[pa.Table, np.ndarray, list[Any]] | None:
+        """The due entries (deadline at or before ``at_ms``) but those of base rows
+        ``skip_rows`` and of ``recent`` keys in ``skip_keys``, as a table in the files' layout,
+        the base's earliest deadline first, then ``recent``'s, without decoding keys (the input
+        of a bulk timeout); with each entry's base row (-1: held by ``recent``) and the keys of
+        those ``recent`` holds, in their order. None: nothing is due."""
+        rows = np.empty(0, dtype=np.int64)
+        if self._deadlines is not None:
+            rows = np.flatnonzero(self._deadlines <= at_ms)
+            if len(skip_rows) and len(rows):
+                rows = rows[~np.isin(rows, skip_rows)]
+            rows = rows[np.argsort(self._deadlines[rows], kind="stable")]
+        fresh = [(key, entry) for key, (entry, _) in self._recent.items()
+                 if entry is not None and entry[1] is not None and entry[1] <= at_ms and key not in skip_keys]
+        if not len(rows) and not fresh:
+            return None
+        assert self._schema is not None, "an entry is due, so the entries have a layout"
+        fresh.sort(key=lambda item: cast(int, item[1][1]))
+        parts = []
+        if len(rows):
+            assert self._base is not None and self._deadlines is not None
+            parts.append(_complete(_with_timeouts(self._base.take(pa.array(rows)), self._deadlines[rows]),
+                                   self._schema))
+        if fresh:
+            parts.append(rows_table(self._schema, ((key, *entry) for key, entry in fresh), self._single_key))
+        table = pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+        return table, np.concatenate([rows, np.full(len(fresh), -1, dtype=np.int64)]), [key for key, _ in fresh]
 
     def items(self) -> Iterator[tuple[Any, Entry]]:
         """Every key and its entry: the base's in its order, then the recent ones."""
@@ -317,6 +364,35 @@ class StateEntries:
         keys = self._decode_keys(run)
         states = [as_python(run.column(n)) for n in run.column_names if n.startswith(STATE_PREFIX)]
         self.update(as_entries(keys, zip(*states, strict=True) if states else ((),) * run.num_rows, run))
+
+    def apply(self, changes: pa.Table, rows: np.ndarray, keys: list[Any]) -> None:
+        """Apply changes (in the files' layout) of distinct keys located before (``locate``):
+        each replaces the key's base row ``rows[i]`` (-1: none: ``recent`` holds the key, or it
+        is new). ``keys[i]`` is the key, or ``UNKNOWN`` for a base row's key (decoded when needed).
+        Many changes go into the base as Arrow, without a lookup; few, into ``recent``."""
+        if not changes.num_rows:
+            return
+        if self._schema is None:
+            self._schema = changes.schema.remove_metadata()
+        changes = changes.replace_schema_metadata(None).cast(self._schema)
+        small = not (self.blank or self._too_many(changes.num_rows))
+        kept = None if small else _kept(changes).to_numpy(zero_copy_only=False)
+        # Keys are needed only for what stays: removed ones of base rows go by their rows.
+        needed = np.arange(changes.num_rows) if kept is None else np.flatnonzero(kept)
+        keys = [keys[at] for at in needed.tolist()]
+        unknown = [at for at, key in enumerate(keys) if key is UNKNOWN]
+        if unknown:
+            for at, key in zip(unknown, self._keys_at(rows[needed[unknown]]), strict=True):
+                keys[at] = key
+        if kept is None:
+            states = [as_python(changes.column(n)) for n in changes.column_names if n.startswith(STATE_PREFIX)]
+            self.update(as_entries(keys, zip(*states, strict=True) if states else ((),) * changes.num_rows,
+                                   changes))
+            return
+        if self._recent:  # what ``recent`` held for these keys goes
+            self._change(dict.fromkeys(key for key in self._decode_keys(changes.filter(pa.array(rows < 0)))
+                                       if key in self._recent))
+        self._rebase(changes.filter(pa.array(kept)), keys, rows[rows >= 0].tolist())
 
     def _integer_keys(self, table: pa.Table) -> np.ndarray | None:
         """The single integer key column as int64, when it holds no null."""
@@ -535,6 +611,16 @@ def _complete(table: pa.Table, schema: pa.Schema) -> pa.Table:
     if REMOVED_COL in schema.names and REMOVED_COL not in table.column_names:
         table = table.append_column(pa.field(REMOVED_COL, pa.bool_()), pa.array(np.zeros(table.num_rows, dtype=bool)))
     return table.select(schema.names).cast(schema)
+
+
+def _without_state(keys: pa.Table, schema: pa.Schema) -> pa.Table:
+    """Entries in the layout ``schema`` of keys (their columns, in the layout's order) that
+    hold no state."""
+    count = keys.num_rows
+    columns = [keys.column(at) for at in range(keys.num_columns)]
+    columns += [pa.nulls(count, f.type) for f in schema if f.name.startswith(STATE_PREFIX)]
+    columns += [pa.nulls(count, pa.int64()), pa.array(np.ones(count, dtype=bool))]
+    return pa.Table.from_arrays([c.cast(f.type) for c, f in zip(columns, schema, strict=True)], schema=schema)
 
 
 def _int64_probe(keys: list[Any]) -> tuple[np.ndarray, np.ndarray | None]:

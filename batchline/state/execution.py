@@ -46,7 +46,7 @@ from batchline.state.contract import (
     Stats,
     batch_params_from_property,
 )
-from batchline.state.entries import KEY_PREFIX, REMOVED_COL, TIMEOUT_COL, StateEntries, give_memory_back
+from batchline.state.entries import KEY_PREFIX, REMOVED_COL, TIMEOUT_COL, UNKNOWN, StateEntries, give_memory_back
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, last_due
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
@@ -471,7 +471,7 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     if bulk is not None:
         # First: the merge of many changes into the base is quickest while ``recent`` is
         # empty; the keys of the two parts are distinct.
-        cached.data.entries.merge([bulk.changes])
+        cached.data.entries.apply(bulk.changes, bulk.rows, bulk.keys)
     cached.data.entries.update(delta, delta_table.schema)
     cached.data.version = params.batch_time
     cached.data.deltas_since_snapshot += 1
@@ -548,13 +548,18 @@ class _Bulk:
     output: pa.Table
     changes: pa.Table
     """In the state files' layout."""
+    rows: np.ndarray
+    """Per change, the key's base row in the resident entries (-1: none)."""
+    keys: list[Any]
+    """Per change, the key (``UNKNOWN`` for a base row's, not decoded)."""
 
     @staticmethod
     def joined(parts: list[_Bulk]) -> _Bulk | None:
         if len(parts) < 2:
             return parts[0] if parts else None
         return _Bulk(pa.concat_tables([part.output for part in parts]),
-                     pa.concat_tables([part.changes for part in parts]))
+                     pa.concat_tables([part.changes for part in parts]),
+                     np.concatenate([part.rows for part in parts]), [key for part in parts for key in part.keys])
 
 
 def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, rows: list[pa.RecordBatch],
@@ -568,20 +573,19 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
     watermark = params.watermark_ms if params.watermark_ms is not None or spec.event_time_column is None else 0
     bulk: list[_Bulk] = []
     groups: dict[Any, list[tuple[Any, ...]]] = {}
-    called: Container[Any]
-    merges = isinstance(spec.fn, MergesInBulk) and spec.fn.merges_in_bulk and not cached.data.initial_keys
-    if merges:
-        merged, called = _merge_in_bulk(spec, params, cached, rows, watermark, stats)
+    called: dict[Any, Any]
+    called_rows: np.ndarray | None = None
+    if isinstance(spec.fn, MergesInBulk) and spec.fn.merges_in_bulk and not cached.data.initial_keys:
+        merged, called, called_rows = _merge_in_bulk(spec, params, cached, rows, watermark, stats)
         bulk += [merged] if merged is not None else []
     else:
         called = groups = _by_key(spec, rows)
     last = last_due(timeout, batch_time, params.watermark_ms, params.end_of_input)
-    due = cached.data.entries.due(last) if last is not None else []
-    initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
     times_out = isinstance(spec.fn, TimesOutInBulk)
+    due = cached.data.entries.due(last) if last is not None and not times_out else []
+    initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
     # Every key the batch calls, looked up at once (due keys timed out in bulk are read as Arrow).
-    entries = cached.data.entries.get_many(
-        itertools.chain(groups, initial, () if times_out else (key for key, _ in due)))
+    entries = cached.data.entries.get_many(itertools.chain(groups, initial, (key for key, _ in due)))
     outputs: list[tuple[tuple[Any, ...], Any]] = []
     delta: _Delta = {}
     make, unmake = spec.state.make, spec.output.unmake
@@ -626,44 +630,58 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
         call(key, key_rows, False)
     for key in initial:  # a frozenset, sorted: the same order in every process
         call(key, [], False)
-    timed_out = [key for key, _ in due if key not in called and key not in delta]
-    stats.timed_out += len(timed_out)
-    if times_out:
-        bulk += [_time_out_in_bulk(spec, params, cached, timed_out, watermark, stats)] if timed_out else []
-    else:
-        for key in timed_out:
-            call(key, [], True)
+    if times_out and last is not None:
+        skip_keys = called if not initial else {**called, **dict.fromkeys(initial)}
+        if called_rows is None:
+            called_rows = cached.data.entries.locate(list(skip_keys))
+        timed_out = _time_out_in_bulk(spec, params, cached, last, called_rows, skip_keys, watermark, stats)
+        bulk += [timed_out] if timed_out is not None else []
+        return outputs, delta, _Bulk.joined(bulk)
+    timed_out_keys = [key for key, _ in due if key not in called and key not in delta]
+    stats.timed_out += len(timed_out_keys)
+    for key in timed_out_keys:
+        call(key, [], True)
     return outputs, delta, _Bulk.joined(bulk)
 
 
 def _merge_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, rows: list[pa.RecordBatch],
-                   watermark: int | None, stats: Stats) -> tuple[_Bulk | None, dict[Any, int]]:
+                   watermark: int | None, stats: Stats) -> tuple[_Bulk | None, dict[Any, int], np.ndarray]:
     """The keys with rows of a function that merges in bulk: one call over the batch's rows
     and their keys' entries as Arrow, instead of a GroupState and a call per key. Returns the
-    result and the keys it called."""
+    result, the keys it called and their base rows."""
     assert isinstance(spec.fn, MergesInBulk)
     called: dict[Any, int] = {}
     if not rows:
-        return None, called
+        return None, called, np.empty(0, dtype=np.int64)
     table = pa.Table.from_batches(rows)
     key_of_row = np.fromiter((called.setdefault(key, len(called)) for key in _keys_of(spec, table)),
                              dtype=np.int64, count=table.num_rows)
-    entries = cached.data.entries.table_of(list(called), missing_ok=True,
-                                           layout=entries_schema(spec.key_schema, spec.state))
+    keys = list(called)
+    located = cached.data.entries.locate(keys)
+    first_rows = np.unique(key_of_row, return_index=True)[1]  # keys are numbered as they first come
+    entries = cached.data.entries.table_of(keys, located, missing_ok=True,
+                                           layout=entries_schema(spec.key_schema, spec.state),
+                                           key_columns=table.select(list(spec.key_names)).take(pa.array(first_rows)))
     where = f"merging {table.num_rows} rows of {len(called)} keys in bulk"
     done = _in_bulk(spec, params, where, lambda fn: fn.merge(
         KeyedRows(table, key_of_row, entries, watermark, params.batch_time, spec.output.arrow)), entries)
-    return _bulk_changes(params, entries, done, stats), called
+    return _bulk_changes(params, entries, done, located, keys, stats), called, located
 
 
-def _time_out_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, keys: list[Any],
-                      watermark: int | None, stats: Stats) -> _Bulk:
-    """The due keys of a function that times keys out in bulk: one call over their entries'
-    Arrow columns instead of a GroupState and a call per key."""
-    entries = cached.data.entries.table_of(keys)
-    done = _in_bulk(spec, params, f"timing out {len(keys)} keys", lambda fn: fn.time_out(
+def _time_out_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, last: int, skip_rows: np.ndarray,
+                      skip_keys: Container[Any], watermark: int | None, stats: Stats) -> _Bulk | None:
+    """The due keys (deadline at or before ``last``) the batch did not call, of a function
+    that times keys out in bulk: one call over their entries' Arrow columns instead of a
+    GroupState and a call per key, without decoding their keys."""
+    due = cached.data.entries.due_in_bulk(last, skip_rows, skip_keys)
+    if due is None:
+        return None
+    entries, rows, fresh = due
+    stats.timed_out += entries.num_rows
+    keys: list[Any] = [UNKNOWN] * (len(rows) - len(fresh)) + fresh
+    done = _in_bulk(spec, params, f"timing out {entries.num_rows} keys", lambda fn: fn.time_out(
         DueKeys(entries, watermark, params.batch_time, params.end_of_input, spec.output.arrow)), entries)
-    return _bulk_changes(params, entries, done, stats)
+    return _bulk_changes(params, entries, done, rows, keys, stats)
 
 
 def _in_bulk(spec: OperatorSpec, params: BatchParams, what: str, call: Callable[[Any], BulkResult],
@@ -688,7 +706,8 @@ def _in_bulk(spec: OperatorSpec, params: BatchParams, what: str, call: Callable[
     return done
 
 
-def _bulk_changes(params: BatchParams, entries: pa.Table, done: BulkResult, stats: Stats) -> _Bulk:
+def _bulk_changes(params: BatchParams, entries: pa.Table, done: BulkResult, rows: np.ndarray, keys: list[Any],
+                  stats: Stats) -> _Bulk:
     """A call in bulk's result as changes in the state files' layout, counted in ``stats``."""
     layout = entries.schema
     state = done.state
@@ -712,7 +731,9 @@ def _bulk_changes(params: BatchParams, entries: pa.Table, done: BulkResult, stat
     written = updated | (removed & held) | (moved & ~both_none)
     if not written.all():
         changes = changes.filter(pa.array(written))
-    return _Bulk(done.output, changes)
+        rows = rows[written]
+        keys = [key for key, write in zip(keys, written.tolist(), strict=True) if write]
+    return _Bulk(done.output, changes, rows, keys)
 
 
 _ENCODING_ERRORS = (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, ValueError, OverflowError)

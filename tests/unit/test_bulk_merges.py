@@ -348,3 +348,16 @@ def test_bulk_and_per_key_merges_differ_on_a_seeded_bug(monkeypatch):
     with pytest.raises(AssertionError, match="batch"):
         compare(aggregation(("k",), TimeWindow("ts", MINUTE, MINUTE), OutputMode.UPDATE, watermark=True),
                 batches, moving_watermarks(batches, _NEWEST))
+
+
+@pytest.mark.parametrize("mode", list(OutputMode))
+def test_changes_go_into_the_arrow_base_or_beside_it_in_bulk_as_per_key(monkeypatch, mode):
+    """With a low bar for a batch's changes to be merged into the entries' Arrow base (rather
+    than held beside it as Python values), both ways of applying them are compared."""
+    from batchline.state import entries
+    monkeypatch.setattr(entries, "_MIN_RECENT", 4)
+    batches = partial_rows(11, 14, 40, windowed=True, newest=True) + [[]]
+    compare(aggregation(("k",), TimeWindow("ts", MINUTE, MINUTE), mode, watermark=True),
+            batches, moving_watermarks(batches, _NEWEST))
+    batches = dedup_rows(12, 16, 30, ("k", "ts")) + [[]]
+    compare(deduplication(("k",), watermark=True, within_watermark=True), batches, moving_watermarks(batches, "ts"))
