@@ -105,6 +105,9 @@ class StatefulNode(StreamNode):
         self.requested_partitions = num_partitions
         self.initial_state = initial_state
         self.event_time: Watermark | None = parent.watermark()
+        self.watermark_source: Watermark | None = self.event_time
+        """The ``with_watermark`` upstream (its very object): operators that share one share its
+        event time, as Spark's one watermark per query."""
         if timeout is GroupStateTimeout.EVENT_TIME and self.event_time is None:
             raise ConfigurationError(
                 "event-time timeouts need a watermark: call stream.with_watermark(column, delay) before grouping"
@@ -443,9 +446,38 @@ class StatefulRuntime(StreamRuntime):
                     for i, w in enumerate(self.node.input_watermarks)
                     if w is not None and i in self.input_max_event_time_ms]
             return min(seen) if seen else None
-        if event_time is None or self.max_event_time_ms is None:
+        newest = self.newest_event_time_ms()
+        if event_time is None or newest is None:
             return None
-        return event_time.at(self.max_event_time_ms, batch_time, self.last_rows_at)
+        return event_time.at(newest, batch_time, self.last_rows_at)
+
+    def newest_event_time_ms(self) -> int | None:
+        """The newest event time of the rows of this operator's ``with_watermark``: those that
+        reached it, and those an operator upstream under the same ``with_watermark`` saw (a
+        deduplication's dropped rows move the watermark of an aggregation after it, as Spark's
+        one watermark does)."""
+        newest = self.max_event_time_ms
+        for upstream in self._sharing_watermark():
+            theirs = upstream.newest_event_time_ms()
+            if theirs is not None and (newest is None or theirs > newest):
+                newest = theirs
+        return newest
+
+    def _sharing_watermark(self) -> list[StatefulRuntime]:
+        """The nearest stateful operators upstream under the same ``with_watermark``."""
+        source = self.node.watermark_source
+        found: list[StatefulRuntime] = []
+        if source is None:
+            return found
+        pending = list(self.parents)
+        while pending:
+            runtime = pending.pop()
+            if isinstance(runtime, StatefulRuntime):
+                if runtime.node.watermark_source is source and not runtime.node.input_watermarks:
+                    found.append(runtime)
+                continue
+            pending.extend(runtime.parents)
+        return found
 
     def prepare_job(self, batch_time: int) -> Job | None:
         if self.node.node_id not in self.env.consumed or not self.is_time_valid(batch_time):

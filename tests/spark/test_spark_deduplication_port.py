@@ -177,10 +177,6 @@ def test_deduplicate_with_aggregate_append_mode(spark, tmp_path):
         h.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "suspected bug: a stateful operator's watermark follows only the rows that reach it: a duplicate dropped by "
-    "drop_duplicates_within_watermark does not move the downstream aggregation's watermark (it stays 0 s), so "
-    "window [10, 15) stays open where Spark's global watermark (30 s) closes and emits it"))
 def test_deduplicate_with_aggregate_append_mode_a_dropped_duplicate_moves_the_watermark(spark, tmp_path):
     """StreamingDeduplicationSuite: "deduplicate with aggregate - append mode", a variant (not a
     Spark test of its own): Spark's watermark is global, from every row its withWatermark sees,
