@@ -210,37 +210,26 @@ class _Partials:
         return sum(self.fields)
 
     def merge(self, stored: tuple[Any, ...], batch: tuple[Any, ...]) -> tuple[Any, ...]:
-        merged: list[Any] = []
-        at = 0
-        for n, merge in zip(self.fields, self.mergers, strict=True):
-            merged += merge(stored[at:at + n], batch[at:at + n])
-            at += n
-        return tuple(merged)
+        return tuple(value for merge, old, new in zip(self.mergers, self._each(stored), self._each(batch), strict=True)
+                     for value in merge(old, new))
 
     def results(self, stored: tuple[Any, ...]) -> list[Any]:
-        results = []
-        at = 0
-        for n, finish in zip(self.fields, self.finishers, strict=True):
-            results.append(finish(stored[at:at + n]))
-            at += n
-        return results
+        return [finish(fields) for finish, fields in zip(self.finishers, self._each(stored), strict=True)]
 
     def merge_columns(self, stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:
         assert self.column_mergers is not None
-        merged: list[pa.Array] = []
-        at = 0
-        for n, merge in zip(self.fields, self.column_mergers, strict=True):
-            merged += merge(stored[at:at + n], batch[at:at + n])
-            at += n
-        return merged
+        return [column for merge, old, new in zip(self.column_mergers, self._each(stored), self._each(batch),
+                                                  strict=True) for column in merge(old, new)]
 
     def result_columns(self, stored: list[pa.Array]) -> list[pa.Array]:
-        results = []
+        return [finish(fields) for finish, fields in zip(self.column_finishers, self._each(stored), strict=True)]
+
+    def _each(self, values: Any) -> Iterator[Any]:
+        """Each aggregate's slice of the partial fields (a tuple of values, or a list of columns)."""
         at = 0
-        for n, finish in zip(self.fields, self.column_finishers, strict=True):
-            results.append(finish(stored[at:at + n]))
-            at += n
-        return results
+        for count in self.fields:
+            yield values[at:at + count]
+            at += count
 
 
 def _key_columns(key: Any, columns: int) -> tuple[Any, ...]:

@@ -59,6 +59,9 @@ class OperatorBatch:
     """``facts_after`` waits for the batch's jobs to succeed (a failed attempt's never count)."""
     progress: StateOperatorProgress | None = None
     """What the operator did in the batch, for the batch's progress record (the last attempt's)."""
+    counted_event_times: bool = False
+    """Its rows' event times are counted into the operator's newest; ``newest_before`` was it until then."""
+    newest_before: int | None = None
 
     def took_on(self, stats: Stats, ran: frozenset[int], facts: dict[int, PartitionFacts] | None) -> None:
         """Its tasks ran and reported ``stats``: ``ran`` wrote its version and leave ``facts``."""

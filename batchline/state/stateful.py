@@ -446,19 +446,20 @@ class StatefulRuntime(StreamRuntime):
                     for i, w in enumerate(self.node.input_watermarks)
                     if w is not None and i in self.input_max_event_time_ms]
             return min(seen) if seen else None
-        newest = self.newest_event_time_ms()
+        newest = self.newest_event_time_ms(batch_time)
         if event_time is None or newest is None:
             return None
         return event_time.at(newest, batch_time, self.last_rows_at)
 
-    def newest_event_time_ms(self) -> int | None:
-        """The newest event time of the rows of this operator's ``with_watermark``: those that
-        reached it, and those an operator upstream under the same ``with_watermark`` saw (a
-        deduplication's dropped rows move the watermark of an aggregation after it, as Spark's
-        one watermark does)."""
-        newest = self.max_event_time_ms
+    def newest_event_time_ms(self, before: int) -> int | None:
+        """The newest event time in the batches before ``before`` of the rows of this
+        operator's ``with_watermark``: those that reached it, and those an operator upstream
+        under the same ``with_watermark`` saw (a deduplication's dropped rows move the watermark
+        of an aggregation after it, as Spark's one watermark does)."""
+        batch = self.batch(before)
+        newest = batch.newest_before if batch is not None and batch.counted_event_times else self.max_event_time_ms
         for upstream in self._sharing_watermark():
-            theirs = upstream.newest_event_time_ms()
+            theirs = upstream.newest_event_time_ms(before)
             if theirs is not None and (newest is None or theirs > newest):
                 newest = theirs
         return newest
@@ -577,6 +578,8 @@ class StatefulRuntime(StreamRuntime):
         running, ending, watermark = started.running, started.ending, started.watermark_ms
         for note in dict.fromkeys(stats.warnings):  # a partition evaluated by two jobs says it twice
             logger.warning("Operator %s, batch %d: %s", self.name, batch_time, note)
+        if not batch.counted_event_times:
+            batch.counted_event_times, batch.newest_before = True, self.max_event_time_ms
         if stats.max_event_time_ms is not None:
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
         for i, newest in stats.input_max_event_time_ms.items():
