@@ -5,15 +5,12 @@ files) and the same counts, batch after batch, with windows closing and keys exp
 
 from __future__ import annotations
 
-import dataclasses
 import datetime as dt
 import random
 from types import SimpleNamespace
 from typing import Any
 
-import pyarrow as pa
 import pytest
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import (
     ArrayType,
     BooleanType,
@@ -28,13 +25,11 @@ from pyspark.sql.types import (
 from batchline.state import aggregates as agg
 from batchline.state.aggregation import _ALL, _END_MS, _NEWEST, AggregationNode, OutputMode, SessionWindow, TimeWindow
 from batchline.state.built_in import ROWS
-from batchline.state.contract import BatchParams, OperatorSpec, StateFunctionError
+from batchline.state.contract import StateFunctionError
 from batchline.state.deduplication import _ROW, DeduplicationNode
-from batchline.state.execution import PartitionCache, load_partition, run_partition
 from batchline.state.group_state import GroupStateTimeout
-from batchline.state.schema import RowSchema
-from batchline.state.store import MemoryStateStore
 from batchline.streams.base import Watermark
+from tests.unit.partition_run import PartitionRun, per_key
 
 T0 = 1_700_000_000_000
 EPOCH = dt.datetime.fromtimestamp(0, dt.UTC).replace(tzinfo=None)  # naive UTC, as rows carry it
@@ -45,70 +40,30 @@ def at(ms: int) -> dt.datetime:
     return EPOCH + dt.timedelta(milliseconds=ms)
 
 
-def per_key(fn: Any) -> Any:
-    """The same function without its bulk hooks: called per key, as any state function."""
-    return lambda key, rows, state: fn(key, rows, state)
-
-
-@dataclasses.dataclass
-class Run:
-    """One partition of an operator run batch by batch over a ``MemoryStateStore``."""
-
-    fn: Any
-    state: StructType
-    output: StructType
-    input: StructType
-    key_names: tuple[str, ...]
-    timeout: GroupStateTimeout
-    event_time: str | None
-    late: str | None
-
-    def __post_init__(self) -> None:
-        key_schema = StructType([self.input[name] for name in self.key_names])
-        self.spec = OperatorSpec(
-            store=MemoryStateStore("op"), generation=0, key_names=self.key_names, key_schema=key_schema,
-            state=RowSchema.of(self.state), output=RowSchema.of(self.output), fn=self.fn, flat=True,
-            timeout=self.timeout, event_time_column=self.event_time, late_column=self.late, rows_column=ROWS)
-        self.cache = PartitionCache()
-        self.version: int | None = None
-
-    def batch(self, batch_time: int, rows: list[dict[str, Any]], watermark: int | None,
-              end: bool = False) -> tuple[list[dict[str, Any]], dict[str, Any], dict[Any, Any]]:
-        arrow = to_arrow_schema(self.input, timezone="UTC")
-        batches = [pa.RecordBatch.from_pylist(rows, schema=arrow)] if rows else []
-        stats: list[Any] = []
-        params = BatchParams(batch_time=batch_time, prev_version=self.version, token=0, watermark_ms=watermark,
-                             end_of_input=end)
-        out = [row for b in run_partition(self.spec, params, batches, 0, stats.append, cache=self.cache,
-                                          background_snapshots=False) for row in b.to_pylist()]
-        self.version = batch_time
-        data = load_partition(self.spec.store, self.spec.state, self.spec.single_key, 0, 0, batch_time)
-        counts = {name: getattr(stats[0], name) for name in ("rows", "late_rows", "timed_out", "removed", "updated",
-                                                            "keys_called", "output_rows", "state_keys")}
-        return out, counts, dict(data.entries.items())
-
-
 def compare(make: Any, batches: list[list[dict[str, Any]]], watermarks: list[int | None], *,
             bulk_expected: bool = True) -> dict[str, int]:
-    """Runs the batches through the bulk function and its per-key twin; returns the totals."""
+    """Runs the batches through the bulk function and its per-key twin, comparing output, state
+    files and counts after each; returns the totals."""
     fn, state, output, schema, keys, timeout, event_time, late = make()
     assert fn.merges_in_bulk is bulk_expected
-    bulk = Run(fn, state, output, schema, keys, timeout, event_time, late)
-    plain = Run(per_key(fn), state, output, schema, keys, timeout, event_time, late)
+    bulk, plain = (PartitionRun(f, state, output, schema, keys, timeout, event_time, late, rows_column=ROWS)
+                   for f in (fn, per_key(fn)))
     totals: dict[str, int] = {"output_rows": 0, "timed_out": 0, "late_rows": 0}
     for index, (rows, watermark) in enumerate(zip(batches, watermarks, strict=True)):
         end = index == len(batches) - 1
         batch_time = T0 + index * 1_000
-        found = bulk.batch(batch_time, rows, watermark, end)
-        expected = plain.batch(batch_time, rows, watermark, end)
-        assert sorted(found[0], key=repr) == sorted(expected[0], key=repr), f"output of batch {index}"
-        assert found[1] == expected[1], f"counts of batch {index}"
-        assert found[2] == expected[2], f"state after batch {index}"
+        found, found_stats, _ = bulk.batch(batch_time, rows, watermark, end)
+        expected, expected_stats, _ = plain.batch(batch_time, rows, watermark, end)
+        assert sorted(found, key=repr) == sorted(expected, key=repr), f"output of batch {index}"
+        for name in COUNTS:
+            assert getattr(found_stats, name) == getattr(expected_stats, name), f"{name} of batch {index}"
+        assert bulk.stored() == plain.stored(), f"state after batch {index}"
         for name in totals:
-            totals[name] += found[1][name]
+            totals[name] += getattr(found_stats, name)
     return totals
 
 
+COUNTS = ("rows", "late_rows", "timed_out", "removed", "updated", "keys_called", "output_rows", "state_keys")
 AGGREGATES = (agg.count(), agg.count("v").alias("values"), agg.sum("v"), agg.min("v"), agg.max("v"),
               agg.avg("v"), agg.first("v"), agg.last("v"))
 
@@ -278,7 +233,7 @@ def test_a_sum_that_overflows_fails_the_batch_in_bulk_as_per_key():
     fn, state, output, schema, keys, timeout, event_time, late = make()
     big = {"k": "a", ROWS: 1, "__batchline_p0_0": 2**62}
     for function in (fn, per_key(fn)):
-        run = Run(function, state, output, schema, keys, timeout, event_time, late)
+        run = PartitionRun(function, state, output, schema, keys, timeout, event_time, late, rows_column=ROWS)
         run.batch(T0, [big], None)
         with pytest.raises(StateFunctionError):
             run.batch(T0 + 1_000, [big, big], None)

@@ -11,17 +11,15 @@ from typing import Any
 
 import pyarrow as pa
 import pytest
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import ByteType, DoubleType, LongType, StringType, StructField, StructType, TimestampType
 
 from batchline.state.bulk import BulkResult, DueKeys, TimesOutInBulk
-from batchline.state.contract import BatchParams, OperatorSpec, StateFunctionError, Stats
+from batchline.state.contract import StateFunctionError
 from batchline.state.entries import REMOVED_COL, STATE_PREFIX, TIMEOUT_COL, StateEntries
-from batchline.state.execution import PartitionCache, run_partition
-from batchline.state.group_state import GroupState, GroupStateTimeout
+from batchline.state.group_state import GroupState
 from batchline.state.join import EVENT_TIME, MATCHED, SIDE, TIME, JoinNode, JoinType, Within
-from batchline.state.schema import RowSchema, StateSchemaError
-from batchline.state.store import DELTA, MemoryStateStore
+from batchline.state.schema import StateSchemaError
+from tests.unit.partition_run import PartitionRun, per_key
 
 T0 = 1_700_000_000_000
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
@@ -50,44 +48,11 @@ def join_function(how: JoinType, key_type: Any = LongType(), right_key: str = "k
     return fn, state, output, schema
 
 
-def per_key(fn: Any) -> Any:
-    """The same function without its bulk hook: called per key, as any state function."""
-    return lambda key, rows, state: fn(key, rows, state)
-
-
-@dataclasses.dataclass
-class Run:
-    """One partition run batch by batch over a ``MemoryStateStore``."""
-
-    fn: Any
-    state: StructType
-    output: StructType
-    input: StructType
-    key_type: Any = dataclasses.field(default_factory=LongType)
-    input_column: str | None = SIDE
-
-    def __post_init__(self) -> None:
-        self.spec = OperatorSpec(
-            store=MemoryStateStore("joined"), generation=0, key_names=("k",),
-            key_schema=StructType([StructField("k", self.key_type)]), state=RowSchema.of(self.state),
-            output=RowSchema.of(self.output), fn=self.fn, flat=True, timeout=GroupStateTimeout.EVENT_TIME,
-            event_time_column=EVENT_TIME, late_column=EVENT_TIME, input_column=self.input_column)
-        self.cache = PartitionCache()
-        self.version: int | None = None
-
-    def batch(self, batch_time: int, rows: list[tuple[Any, ...]], watermark: int | None,
-              end: bool = False) -> tuple[list[dict[str, Any]], Stats, list[dict[str, Any]]]:
-        arrow = to_arrow_schema(self.input, timezone="UTC")
-        batches = [pa.RecordBatch.from_pylist([dict(zip(arrow.names, row, strict=True)) for row in rows],
-                                              schema=arrow)] if rows else []
-        stats: list[Stats] = []
-        params = BatchParams(batch_time=batch_time, prev_version=self.version, token=0, watermark_ms=watermark,
-                             end_of_input=end)
-        out = [row for b in run_partition(self.spec, params, batches, 0, stats.append, cache=self.cache,
-                                          background_snapshots=False) for row in b.to_pylist()]
-        self.version = batch_time
-        delta = self.spec.store.read_version(0, 0, batch_time, DELTA).table.to_pylist()
-        return out, stats[0], delta
+def Run(fn: Any, state: StructType, output: StructType, input: StructType,  # noqa: N802 - reads as a class
+        input_column: str | None = SIDE) -> PartitionRun:
+    """A join's partition (or a function's keyed the same way), keyed by ``k``."""
+    return PartitionRun(fn, state, output, input, ("k",), event_time=EVENT_TIME, late=EVENT_TIME,
+                        input_column=input_column)
 
 
 def rows_of(seed: int, batches: int, keys: int, key_of: Any = int) -> list[list[tuple[Any, ...]]]:
@@ -113,7 +78,7 @@ def rows_of(seed: int, batches: int, keys: int, key_of: Any = int) -> list[list[
 def compare(how: JoinType, key_type: Any = LongType(), key_of: Any = int, seed: int = 1, right_key: str = "k",
             keys_in_rows: bool = False) -> int:
     fn, state, output, schema = join_function(how, key_type, right_key, keys_in_rows)
-    bulk, plain = Run(fn, state, output, schema, key_type), Run(per_key(fn), state, output, schema, key_type)
+    bulk, plain = Run(fn, state, output, schema), Run(per_key(fn), state, output, schema)
     timed_out = 0
     watermark: int | None = None
     batches = rows_of(seed, 12, 30, key_of)
@@ -233,11 +198,11 @@ class Countdown(TimesOutInBulk):
         return BulkResult(output, state)
 
 
-def countdown_run(fn: Any) -> Run:
+def countdown_run(fn: Any) -> PartitionRun:
     state = StructType([StructField("count", LongType())])
     output = StructType([StructField("k", StringType()), StructField("count", LongType())])
     schema = StructType([StructField("k", StringType()), StructField(EVENT_TIME, LongType())])
-    return Run(fn, state, output, schema, StringType(), None)
+    return Run(fn, state, output, schema, None)
 
 
 def test_the_engine_hands_due_keys_without_rows_to_the_hook_once_and_applies_its_changes():
