@@ -122,9 +122,6 @@ class Scheduling(Protocol):
     def enter_job_group(self, batch_time: int) -> None:
         """Run this thread's Spark jobs in the batch's job group, which a stop cancels."""
 
-    def committed(self, batch_time: int) -> None:
-        """The batch committed (a stop does not count it as unfinished while it tells its listeners)."""
-
     def report_error(self, message: str, error: BaseException) -> None: ...
 
 
@@ -370,7 +367,6 @@ class BatchRun:
             self._fail(scheduling, BatchFailedError(self.time, "commit", cause, self.attempts, "the batch's commit"),
                        stopped=scheduling.cancelling)
             return
-        scheduling.committed(self.time)
         self._move(RunState.COMMITTED)
         job_set.move_to(BatchState.COMPLETED)
         scheduling.lifecycle.finished(job_set, self.attempts, clock.now_ms() - commit_started)

@@ -20,7 +20,7 @@ from pyspark.sql import SparkSession
 from batchline.batch_time import format_batch_time
 from batchline.clock import Clock
 from batchline.errors import error_text
-from batchline.scheduler.batch_run import BatchRun
+from batchline.scheduler.batch_run import BatchRun, RunState
 from batchline.scheduler.lifecycle import BatchLifecycle
 from batchline.scheduler.retry import RetryPolicy
 from batchline.spark import spark_gone
@@ -80,10 +80,9 @@ class JobScheduler:
         self._slots = threading.Semaphore(settings.concurrent_jobs)
         """Held while a batch runs its jobs: at most ``concurrent_jobs`` batches do at once."""
         self._lock = threading.Lock()
-        self._futures: dict[int, concurrent.futures.Future[None]] = {}
-        self._committed: set[int] = set()
-        """Batches committed whose thread has not returned yet (it still tells the listeners): a
-        stop does not count them as unfinished."""
+        self._runs: dict[int, tuple[BatchRun, concurrent.futures.Future[None]]] = {}
+        """Batches submitted whose thread has not returned yet; one committed may still be
+        telling the listeners, and a stop does not count it as unfinished."""
         self._last_run: BatchRun | None = None
         """The newest batch submitted: the next one commits after it."""
         self._job_runs = itertools.count(1)
@@ -131,10 +130,6 @@ class JobScheduler:
             self._group_id(batch_time), f"batchline batch {format_batch_time(batch_time)}", True
         )
 
-    def committed(self, batch_time: int) -> None:
-        with self._lock:
-            self._committed.add(batch_time)
-
     def report_error(self, message: str, error: BaseException) -> None:
         # When Spark went away, every batch and generation fails the same way after it: the
         # pipeline says that once, as the reason it stops (``on_error`` hears of it).
@@ -153,23 +148,22 @@ class JobScheduler:
             run.queue(self._last_run, self._lifecycle)
             self._last_run = run
             future = self._executor.submit(run.run, self)
-            self._futures[run.time] = future
-        future.add_done_callback(functools.partial(self._forget_future, run.time))
+            self._runs[run.time] = (run, future)
+        future.add_done_callback(functools.partial(self._forget_run, run.time))
         if run.job_set.jobs:
             logger.debug("Added jobs for time %d ms", run.time)
 
     def _group_id(self, batch_time: int) -> str:
         return f"{self.settings.job_group_prefix}-{batch_time}"
 
-    def _forget_future(self, batch_time: int, future: concurrent.futures.Future[None]) -> None:
+    def _forget_run(self, batch_time: int, future: concurrent.futures.Future[None]) -> None:
         with self._lock:
-            self._futures.pop(batch_time, None)
-            self._committed.discard(batch_time)
+            self._runs.pop(batch_time, None)
 
     # ---------------------------------------------------------------- stopping
     def wait_for_running_jobs(self, timeout_s: float) -> bool:
         with self._lock:
-            pending = list(self._futures.values())
+            pending = [future for _, future in self._runs.values()]
         done, not_done = concurrent.futures.wait(pending, timeout=timeout_s)
         return not not_done
 
@@ -178,7 +172,7 @@ class JobScheduler:
         self._cancelling = True
         self._stop_waiting.set()
         with self._lock:
-            futures = dict(self._futures)
+            futures = {t: future for t, (_, future) in self._runs.items()}
         for batch_time, future in futures.items():
             if not future.cancel():
                 logger.info("Cancelling Spark jobs of batch %d", batch_time)
@@ -198,9 +192,9 @@ class JobScheduler:
         retry gives up the same way. Returns the batches that were not finished."""
         self._stop_waiting.set()
         with self._lock:
-            running = [future for future in self._futures.values() if not future.done()]
-            unfinished = sorted(t for t, future in self._futures.items()
-                                if not future.done() and t not in self._committed)
+            running = [future for _, future in self._runs.values() if not future.done()]
+            unfinished = sorted(t for t, (run, future) in self._runs.items()
+                                if not future.done() and run.state is not RunState.COMMITTED)
         if graceful and unfinished:
             logger.warning("The graceful stop timed out with %d batches not finished (%s); cancelling them. They "
                            "were not committed, so the next start runs them", len(unfinished),

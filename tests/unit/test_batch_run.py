@@ -29,7 +29,6 @@ class Scheduling:
         self.cancelling = False
         self.stop_waiting = threading.Event()
         self.errors: list[BaseException] = []
-        self.committed_times: list[int] = []
         self._slots = threading.Semaphore(1)
         self._runs = itertools.count(1)
 
@@ -44,9 +43,6 @@ class Scheduling:
 
     def enter_job_group(self, batch_time: int) -> None:
         pass
-
-    def committed(self, batch_time: int) -> None:
-        self.committed_times.append(batch_time)
 
     def report_error(self, message: str, error: BaseException) -> None:
         self.errors.append(error)
@@ -107,7 +103,7 @@ def test_a_batch_runs_waits_commits_and_is_cleaned_up_after_in_that_order():
     run.run(scheduling)
     assert seen == [RunState.RUNNING]
     assert pipeline.committed == [(11_000, RunState.COMMITTING)] and log == ["commit out"]
-    assert cleaned == [11_000] and scheduling.committed_times == [11_000]
+    assert cleaned == [11_000]
     assert (run.state, run.job_set.state, run.attempts) == (RunState.COMMITTED, BatchState.COMPLETED, 1)
     assert run.ended(0) and scheduling.errors == []
     assert [p.status for p in scheduling.lifecycle.recent_progress] == ["completed"]
@@ -121,7 +117,7 @@ def test_a_failed_commit_left_by_a_job_abandons_the_rest_and_fails_the_batch():
     run.run(scheduling)
     assert log == ["commit a", "abandon b"]
     assert run.state is RunState.FAILED and run.job_set.state is BatchState.FAILED
-    assert pipeline.committed == [] and scheduling.committed_times == []
+    assert pipeline.committed == []
     (error,) = scheduling.errors
     assert "failed in output 'a'" in str(error) and "the store is gone" in str(error)
 
