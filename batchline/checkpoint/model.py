@@ -40,6 +40,10 @@ class OperatorProgress:
     """The newest batch that brought the operator rows: an idle timeout moves the watermark on
     from it, so a restart without it would wait a whole timeout again. None: no rows yet (and
     what files written before the field read as)."""
+    source_max_event_time_ms: dict[int, int] | None = None
+    """The newest event time seen at each ``with_watermark`` upstream, of an operator whose rows
+    come through several (a union); None for other operators, and as files written before the
+    field read."""
 
     def to_json(self) -> dict[str, Any]:
         """The operator's own progress record: what it wrote, read back the same. Fields at their
@@ -49,6 +53,8 @@ class OperatorProgress:
             payload["last_rows_at"] = self.last_rows_at
         if self.input_max_event_time_ms:
             payload["input_max_event_time_ms"] = {str(i): t for i, t in sorted(self.input_max_event_time_ms.items())}
+        if self.source_max_event_time_ms is not None:
+            payload["source_max_event_time_ms"] = {str(i): t for i, t in sorted(self.source_max_event_time_ms.items())}
         if self.finished_partitions:
             payload.update(finished_partitions=list(self.finished_partitions), finished_after=self.finished_after)
         if self.partitions is not None:
@@ -59,6 +65,7 @@ class OperatorProgress:
     @classmethod
     def from_json(cls, payload: dict[str, Any]) -> OperatorProgress:
         partitions = payload.get("partitions")
+        sources = payload.get("source_max_event_time_ms")
         return cls(
             max_event_time_ms=_optional_int(payload.get("max_event_time_ms")),
             input_max_event_time_ms={int(i): int(t) for i, t in payload.get("input_max_event_time_ms", {}).items()},
@@ -67,6 +74,7 @@ class OperatorProgress:
             partitions=None if partitions is None else {int(p): facts for p, facts in partitions.items()},
             partitions_generation=_optional_int(payload.get("partitions_generation")),
             last_rows_at=_optional_int(payload.get("last_rows_at")),
+            source_max_event_time_ms=None if sources is None else {int(i): int(t) for i, t in sources.items()},
         )
 
 

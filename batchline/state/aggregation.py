@@ -52,6 +52,7 @@ from batchline.state.bulk import (
     MergesInBulk,
     TimesOutInBulk,
     epoch_ms_column,
+    removing_all,
     state_columns,
 )
 from batchline.state.contract import LATE_AT
@@ -328,15 +329,13 @@ class MergeIntoState(MergesInBulk, TimesOutInBulk):
 
     def time_out(self, due: DueKeys) -> BulkResult:
         entries = due.entries
-        fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
-        keys = entries.num_rows
-        state = state_columns(fields, [pa.nulls(keys, f.type) for f in fields], pa.nulls(keys, pa.int64()),
-                             removed=True)
+        state = removing_all(entries)
         if not self.append:
             return BulkResult(due.output_schema.empty_table(), state)
         heads = [entries.column(name).combine_chunks() for name in entries.column_names
                  if name.startswith(KEY_PREFIX)]
-        stored = [entries.column(f.name).combine_chunks() for f in fields]
+        stored = [entries.column(name).combine_chunks() for name in entries.column_names
+                  if name.startswith(STATE_PREFIX)]
         return BulkResult(self._rows_out(heads, stored, due.output_schema), state)
 
     def _merge_columns(self, stored: list[pa.Array], batch: list[pa.Array]) -> list[pa.Array]:

@@ -23,10 +23,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from batchline.state.entries import REMOVED_COL, TIMEOUT_COL
+from batchline.state.entries import REMOVED_COL, STATE_PREFIX, TIMEOUT_COL
 
 __all__ = ["BulkResult", "DueKeys", "KeyedRows", "MergesInBulk", "TimesOutInBulk", "epoch_ms_column",
-           "state_columns"]
+           "removing_all", "state_columns"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,3 +120,10 @@ def epoch_ms_column(times: pa.Array) -> pa.Array:
     micros = pc.cast(times.cast(pa.timestamp("us", tz="UTC")), pa.int64())
     return pa.array(np.floor_divide(micros.fill_null(0).to_numpy(), 1000),
                     mask=micros.is_null().to_numpy(zero_copy_only=False))
+
+
+def removing_all(entries: pa.Table) -> pa.Table:
+    """``BulkResult.state`` that removes every key of ``entries`` (state, deadline and all)."""
+    fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
+    keys = entries.num_rows
+    return state_columns(fields, [pa.nulls(keys, f.type) for f in fields], pa.nulls(keys, pa.int64()), removed=True)

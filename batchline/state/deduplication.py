@@ -42,6 +42,7 @@ from batchline.state.bulk import (
     MergesInBulk,
     TimesOutInBulk,
     epoch_ms_column,
+    removing_all,
     state_columns,
 )
 from batchline.state.entries import REMOVED_COL, STATE_PREFIX
@@ -104,7 +105,6 @@ class KeepFirst(MergesInBulk, TimesOutInBulk):
             state.set_timeout_timestamp(expires - 1)  # fires once the watermark reaches it
         return (first[self.row_index],)
 
-
     def merge(self, keyed: KeyedRows) -> BulkResult:
         rows, entries = keyed.rows, keyed.entries
         keys = entries.num_rows
@@ -140,12 +140,7 @@ class KeepFirst(MergesInBulk, TimesOutInBulk):
         return BulkResult(output, state, updated=~known)
 
     def time_out(self, due: DueKeys) -> BulkResult:
-        entries = due.entries
-        fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
-        keys = entries.num_rows
-        return BulkResult(due.output_schema.empty_table(),
-                          state_columns(fields, [pa.nulls(keys, f.type) for f in fields], pa.nulls(keys, pa.int64()),
-                                        removed=True))
+        return BulkResult(due.output_schema.empty_table(), removing_all(due.entries))
 
 
 class DeduplicationNode(BuiltInNode):

@@ -63,6 +63,7 @@ from batchline.state.store import (
     entries_schema,
     entries_table,
 )
+from batchline.streams.event_time import epoch_ms
 
 __all__ = ["PartitionCache", "StateFunctionError", "Stats", "load_partition", "run_partition", "spark_task"]
 
@@ -359,9 +360,7 @@ def _count_event_times(spec: OperatorSpec, batch: pa.RecordBatch, stats: Stats) 
     """The batch's newest event time (timestamps, or epoch ms in an integer column), and, for
     an operator that reads several inputs, each input's."""
     assert spec.event_time_column is not None
-    column = batch.column(spec.event_time_column)
-    times = column if pa.types.is_integer(column.type) else \
-        pc.divide(pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64()), 1000)
+    times = epoch_ms(batch.column(spec.event_time_column))
     newest = pc.max(times).as_py()
     if newest is None:
         return

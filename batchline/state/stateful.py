@@ -61,7 +61,8 @@ from batchline.state.placement import marker_frame, placement, shuffle_to_partit
 from batchline.state.schema import RowSchema
 from batchline.state.store import DELTA, OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
-from batchline.streams.base import Watermark
+from batchline.streams.base import Watermark, lowest_watermark
+from batchline.streams.nodes import WatermarkRuntime
 
 __all__ = ["StatefulNode", "StatefulRuntime"]
 
@@ -108,6 +109,12 @@ class StatefulNode(StreamNode):
         self.watermark_source: Watermark | None = self.event_time
         """The ``with_watermark`` upstream (its very object): operators that share one share its
         event time, as Spark's one watermark per query."""
+        found = parent.watermark_nodes()
+        self.union_watermarks: tuple[StreamNode, ...] = found if found is not None and len(found) > 1 else ()
+        """The ``with_watermark``s upstream when the rows come through more than one (a union of
+        streams with their own): each one's newest event time is measured where it is defined,
+        and the operator's watermark is the lowest of theirs (``lowest_watermark``). Empty
+        otherwise: the watermark is ``event_time``'s, from the newest event time of the rows."""
         if timeout is GroupStateTimeout.EVENT_TIME and self.event_time is None:
             raise ConfigurationError(
                 "event-time timeouts need a watermark: call stream.with_watermark(column, delay) before grouping"
@@ -115,6 +122,11 @@ class StatefulNode(StreamNode):
 
     def checkpoint_claim(self) -> tuple[str, str]:
         return (STATE_DIR, self.name)
+
+    def watermark_nodes(self) -> tuple[StreamNode, ...] | None:
+        """Downstream of an operator, event time is the operator's own (a window's end, a
+        join's rows): no ``with_watermark`` upstream measures it."""
+        return None if self.watermark() is not None else ()
 
     @property
     def late_column(self) -> str | None:
@@ -190,6 +202,14 @@ class StatefulRuntime(StreamRuntime):
         self.max_event_time_ms: int | None = None
         self.input_max_event_time_ms: dict[int, int] = {}
         """Per input, for an operator that reads several (``StatefulNode.input_watermarks``)."""
+        self._sources: tuple[WatermarkRuntime, ...] = ()
+        if node.union_watermarks and not node.input_watermarks:
+            self._sources = _runtimes_of(node.union_watermarks, parents)
+            for source in self._sources:
+                source.measure()
+        self.source_max_event_time_ms: dict[int, int] | None = {} if self._sources else None
+        """Per ``StatefulNode.union_watermarks`` (by index), the newest event time seen there;
+        None for other operators, or as restored from a checkpoint written before it was kept."""
         self.last_rows_at: int | None = None
         """The time of the newest batch that brought the operator rows (for the idle timeout)."""
         self._batches: dict[int, OperatorBatch] = {}
@@ -302,6 +322,8 @@ class StatefulRuntime(StreamRuntime):
     def restore_progress(self, progress: OperatorProgress) -> None:
         self.max_event_time_ms = progress.max_event_time_ms
         self.input_max_event_time_ms = dict(progress.input_max_event_time_ms)
+        sources = progress.source_max_event_time_ms
+        self.source_max_event_time_ms = None if sources is None else dict(sources)
         self.last_rows_at = progress.last_rows_at
         self._drained = set(progress.finished_partitions)
         self._finished_after = progress.finished_after
@@ -325,6 +347,8 @@ class StatefulRuntime(StreamRuntime):
             partitions_generation=generation,
             input_max_event_time_ms=dict(self.input_max_event_time_ms),
             last_rows_at=self.last_rows_at,
+            source_max_event_time_ms=None if self.source_max_event_time_ms is None
+            else dict(self.source_max_event_time_ms),
         )
 
     # ---------------------------------------------------------------- finishing (SPEC G2)
@@ -439,8 +463,24 @@ class StatefulRuntime(StreamRuntime):
         batch = self.batch(batch_time)
         return batch is None or not batch.skipped
 
+    def _newest_per_source(self) -> dict[int, int]:
+        """``source_max_event_time_ms``, for an operator with several ``with_watermark``s upstream."""
+        if self.source_max_event_time_ms is None:
+            # Restored from a checkpoint that kept only the newest event time of all the rows,
+            # whose watermark took the first source's delay: each source is taken to have seen
+            # what gives that same watermark, so that it neither falls back (and lets rows in to
+            # windows already closed and emitted) nor jumps.
+            newest, event_time = self.max_event_time_ms, self.node.event_time
+            delays = [source.node.watermark().delay_ms for source in self._sources]
+            self.source_max_event_time_ms = {} if newest is None or event_time is None else {
+                i: newest - event_time.delay_ms + delay for i, delay in enumerate(delays)}
+        return self.source_max_event_time_ms
+
     def watermark_ms(self, batch_time: int) -> int | None:
         event_time = self.node.event_time
+        if self._sources:
+            watermarks = [source.node.watermark() for source in self._sources]
+            return lowest_watermark(watermarks, self._newest_per_source(), batch_time, self.last_rows_at)
         if self.node.input_watermarks:
             seen = [w.at(self.input_max_event_time_ms[i], batch_time, self.last_rows_at)
                     for i, w in enumerate(self.node.input_watermarks)
@@ -584,6 +624,12 @@ class StatefulRuntime(StreamRuntime):
             self.max_event_time_ms = max(self.max_event_time_ms or stats.max_event_time_ms, stats.max_event_time_ms)
         for i, newest in stats.input_max_event_time_ms.items():
             self.input_max_event_time_ms[i] = max(self.input_max_event_time_ms.get(i, newest), newest)
+        if self._sources:
+            known = self._newest_per_source()
+            for i, source in enumerate(self._sources):
+                seen = source.newest_through(batch_time)
+                if seen is not None:
+                    known[i] = max(known.get(i, seen), seen)
         if stats.rows:
             self.last_rows_at = max(self.last_rows_at or batch_time, batch_time)
         facts = self._facts_after(running, stats)
@@ -714,3 +760,20 @@ class StatefulRuntime(StreamRuntime):
                 "operator's shuffle: adaptive execution must stay off while the pipeline runs (batchline turns it "
                 "off at start; check that nothing turns it on again)"
             )
+
+
+def _runtimes_of(nodes: tuple[StreamNode, ...], parents: Sequence[StreamRuntime]) -> tuple[WatermarkRuntime, ...]:
+    """The runtimes of ``nodes`` (``with_watermark``s), in their order, found upstream of ``parents``."""
+    found: dict[int, WatermarkRuntime] = {}
+    seen: set[int] = set()
+    stack = list(parents)
+    while stack:
+        runtime = stack.pop()
+        if runtime.node.node_id in seen:
+            continue
+        seen.add(runtime.node.node_id)
+        if isinstance(runtime, WatermarkRuntime):
+            found[runtime.node.node_id] = runtime
+        else:
+            stack.extend(runtime.parents)
+    return tuple(found[node.node_id] for node in nodes)

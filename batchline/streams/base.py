@@ -31,7 +31,7 @@ from batchline.scheduler.progress import StateOperatorProgress
 from batchline.scheduler.receiver_tracker import ReceiverTracker
 from batchline.sinks.sink import ArrowFunction
 
-__all__ = ["ArrowFunction", "Readers", "RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark"]
+__all__ = ["ArrowFunction", "Readers", "RuntimeEnv", "StreamNode", "StreamRuntime", "Watermark", "lowest_watermark"]
 
 logger = logging.getLogger(__name__)
 
@@ -99,6 +99,19 @@ class Watermark:
         return self.after(max_event_time_ms + idle)
 
 
+def lowest_watermark(watermarks: Sequence[Watermark], newest: Mapping[int, int], batch_time: int,
+                     last_rows_at: int | None) -> int | None:
+    """The watermark of a stream whose rows came through several ``with_watermark``s (a union):
+    as Spark's global watermark under its default policy ("min"), the lowest of theirs, each
+    from the newest event time seen at it (``newest``, by index into ``watermarks``); 0 until
+    every one has seen some, None while none has."""
+    if not newest:
+        return None
+    if any(i not in newest for i in range(len(watermarks))):
+        return 0
+    return min(w.at(newest[i], batch_time, last_rows_at) for i, w in enumerate(watermarks))
+
+
 class StreamNode(ABC):
     """A stream in a pipeline's description: its parents and what it computes from them."""
 
@@ -132,6 +145,18 @@ class StreamNode(ABC):
             if found is not None:
                 return found
         return None
+
+    def watermark_nodes(self) -> tuple[StreamNode, ...] | None:
+        """The ``with_watermark`` nodes this stream's rows came through, each once, in the
+        order of the parents; None when some path's watermark is not a ``with_watermark``'s
+        (a stateful operator's, whose event time is its own)."""
+        found: list[StreamNode] = []
+        for parent in self.parents:
+            theirs = parent.watermark_nodes()
+            if theirs is None:
+                return None
+            found.extend(node for node in theirs if all(node is not known for known in found))
+        return tuple(found)
 
     def checkpoint_claim(self) -> tuple[str, str] | None:
         """(folder, name) of what this node keeps at the checkpoint location, if anything:

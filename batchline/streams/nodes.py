@@ -7,13 +7,16 @@ import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from pyspark import Accumulator
 from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
 from batchline.errors import ConfigurationError
+from batchline.spark import forget_accumulator
 from batchline.streams.base import RuntimeEnv, StreamNode, StreamRuntime, Watermark
+from batchline.streams.event_time import NewestParam, measure_newest
 
-__all__ = ["TransformNode", "WindowNode", "WatermarkNode", "union_all"]
+__all__ = ["TransformNode", "WindowNode", "WatermarkNode", "WatermarkRuntime", "union_all"]
 
 
 def union_all(*dfs: DataFrame) -> DataFrame:
@@ -83,16 +86,54 @@ class WatermarkNode(StreamNode):
         super().__init__([parent])
         self._watermark = watermark
 
-    def watermark(self) -> Watermark | None:
+    def watermark(self) -> Watermark:
         return self._watermark
 
+    def watermark_nodes(self) -> tuple[StreamNode, ...]:
+        return (self,)
+
     def create_runtime(self, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> StreamRuntime:
-        return _PassThroughRuntime(self, env, parents)
+        return WatermarkRuntime(self, env, parents)
 
 
-class _PassThroughRuntime(StreamRuntime):
+class WatermarkRuntime(StreamRuntime):
+    """The parent's rows; once ``measure`` is called, with the newest event time of each
+    batch's rows measured as they pass."""
+
+    node: WatermarkNode
+
+    def __init__(self, node: WatermarkNode, env: RuntimeEnv, parents: Sequence[StreamRuntime]) -> None:
+        super().__init__(node, env, parents)
+        self._measured = False
+        self._newest: dict[int, Accumulator[int | None]] = {}
+        """Per batch time, the newest event time its tasks saw so far."""
+
+    def measure(self) -> None:
+        """Measure each batch's newest event time here: an operator downstream reads the rows
+        of several ``with_watermark``s mixed (a union), and must know each one's."""
+        self._measured = True
+
     def compute(self, batch_time: int) -> DataFrame:
-        return self.parent_frame(batch_time)
+        df = self.parent_frame(batch_time)
+        if not self._measured:
+            return df
+        newest: Accumulator[int | None] = self.env.spark.sparkContext.accumulator(None, NewestParam())
+        with self._lock:
+            self._newest[batch_time] = newest
+        return measure_newest(df, self.node.watermark().column, newest)
+
+    def newest_through(self, batch_time: int) -> int | None:
+        """The newest event time the tasks that read this stream's batches up to ``batch_time``
+        saw so far (None: none yet)."""
+        with self._lock:
+            measured = [a for t, a in self._newest.items() if t <= batch_time]
+        return max((v for a in measured if (v := a.value) is not None), default=None)
+
+    def release(self, batch_time: int, df: DataFrame) -> None:
+        with self._lock:
+            newest = self._newest.pop(batch_time, None)
+        if newest is not None:
+            forget_accumulator(newest)
 
 
 class WindowNode(StreamNode):

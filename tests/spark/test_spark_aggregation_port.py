@@ -546,29 +546,33 @@ def test_recovery(spark, tmp_path):
         third.stop()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "suspected bug: an operator downstream of a union of streams with different watermarks takes the first "
-    "parent's delay (10 s) against the newest event time of either side: 1 s after first=[11] where Spark "
-    "gives 0 (the minimum over both, none yet on the second), so rows of the slower side can be dropped as late"))
+def _two_watermarks(stream):
+    """One input split by ``side`` into two streams with their own watermarks (10 s and 5 s),
+    unioned again and summed per 5 s window."""
+    timed = stream.with_column("eventTime", F.timestamp_seconds("value"))
+    first = timed.filter("side = 1").with_watermark("eventTime", "10 seconds").select("value", "eventTime")
+    second = timed.filter("side = 2").with_watermark("eventTime", "5 seconds").select("value", "eventTime")
+    return first.union(second).group_by_key(window("eventTime", "5 seconds")).aggregate(
+        agg.sum("value"), name="union_sum")
+
+
+def _watermark_after(h, first=(), second=()):
+    """Each side's rows in a batch, then the watermark of the batch after (Spark's dummy batch)."""
+    h.batch([(1, v) for v in first] + [(2, v) for v in second])
+    h.batch([])
+    return operator(h, "union_sum").watermark_ms
+
+
 def test_watermark_with_2_streams(spark, tmp_path):
     """EventTimeWatermarkSuite: "watermark with 2 streams": a union of two streams with their
     own watermarks (10 s and 5 s) has one watermark, the lower of the two (Spark's default
     ``multipleWatermarkPolicy`` "min"), and 0 until both have seen data. (Also covers
     "MultipleWatermarkPolicy: min".) The two streams are one input split by ``side``; each
     step reads the watermark of the batch after its data, as Spark's dummy batch does."""
-    def build(stream):
-        timed = stream.with_column("eventTime", F.timestamp_seconds("value"))
-        first = timed.filter("side = 1").with_watermark("eventTime", "10 seconds").select("value", "eventTime")
-        second = timed.filter("side = 2").with_watermark("eventTime", "5 seconds").select("value", "eventTime")
-        return first.union(second).group_by_key(window("eventTime", "5 seconds")).aggregate(
-            agg.sum("value"), name="union_sum")
-
-    h = harness(spark, tmp_path, build, schema="side int, value long")
+    h = harness(spark, tmp_path, _two_watermarks, schema="side int, value long")
     try:
         def watermark_after(first=(), second=()):
-            h.batch([(1, v) for v in first] + [(2, v) for v in second])
-            h.batch([])
-            return operator(h, "union_sum").watermark_ms
+            return _watermark_after(h, first, second)
 
         assert watermark_after(first=[11]) == 0  # 0 until both sides have data
         assert watermark_after(second=[6]) == 1_000
@@ -577,6 +581,27 @@ def test_watermark_with_2_streams(spark, tmp_path):
         assert watermark_after(second=[17, 28, 39]) == 11_000  # back to the first's (21 - 10)
     finally:
         h.stop()
+
+
+def test_watermark_with_2_streams_after_a_restart(spark, tmp_path):
+    """batchline's own: a restarted driver resumes each side's newest event time, not only the
+    newest of both (from which the second's row at 5 s would be late)."""
+    schema = "side int, value long"
+    h = harness(spark, tmp_path, _two_watermarks, schema=schema)
+    try:
+        assert _watermark_after(h, first=[11]) == 0
+        assert _watermark_after(h, first=[21], second=[8]) == 3_000
+    finally:
+        h.stop()
+    again = restarted(spark, tmp_path, _two_watermarks, h, schema=schema)
+    try:
+        again.batch([(2, 5)])
+        assert operator(again, "union_sum").late_rows == 0  # watermark 3 s: [5, 10) is open
+        again.batch([])
+        assert operator(again, "union_sum").watermark_ms == 3_000
+        assert _watermark_after(again, second=[30]) == 11_000  # the first's 21 - 10 again
+    finally:
+        again.stop()
 
 
 def test_group_by_on_raw_timestamp(spark, tmp_path):

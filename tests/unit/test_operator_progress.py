@@ -18,7 +18,8 @@ from batchline.state.store import StateMetadata
 INTERVAL = 1000
 PROGRESS = OperatorProgress(max_event_time_ms=7_500, finished_partitions=(1,), finished_after=None,
                             partitions={0: [3, 68, 9_000], 1: [0, 0, None]}, partitions_generation=2,
-                            input_max_event_time_ms={0: 7_500, 1: 6_000}, last_rows_at=4_000)
+                            input_max_event_time_ms={0: 7_500, 1: 6_000}, last_rows_at=4_000,
+                            source_max_event_time_ms={0: 7_500, 1: 2_000})
 
 
 def checkpoint(operators: dict[str, OperatorProgress], time: int = 5_000,
