@@ -644,18 +644,16 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
 
 
 def _merge_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, rows: list[pa.RecordBatch],
-                   watermark: int | None, stats: Stats) -> tuple[_Bulk | None, dict[Any, int], np.ndarray]:
+                   watermark: int | None, stats: Stats) -> tuple[_Bulk | None, dict[Any, None], np.ndarray]:
     """The keys with rows of a function that merges in bulk: one call over the batch's rows
     and their keys' entries as Arrow, instead of a GroupState and a call per key. Returns the
     result, the keys it called and their base rows."""
     assert isinstance(spec.fn, MergesInBulk)
-    called: dict[Any, int] = {}
     if not rows:
-        return None, called, np.empty(0, dtype=np.int64)
+        return None, {}, np.empty(0, dtype=np.int64)
     table = pa.Table.from_batches(rows)
-    key_of_row = np.fromiter((called.setdefault(key, len(called)) for key in _keys_of(spec, table)),
-                             dtype=np.int64, count=table.num_rows)
-    keys = list(called)
+    keys, key_of_row = _numbered_keys(spec, table)
+    called = dict.fromkeys(keys)
     located = cached.data.entries.locate(keys)
     first_rows = np.unique(key_of_row, return_index=True)[1]  # keys are numbered as they first come
     entries = cached.data.entries.table_of(keys, located, missing_ok=True,
@@ -665,6 +663,26 @@ def _merge_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
     done = _in_bulk(spec, params, where, lambda fn: fn.merge(
         KeyedRows(table, key_of_row, entries, watermark, params.batch_time, spec.output.arrow)), entries)
     return _bulk_changes(params, entries, done, located, keys, stats), called, located
+
+
+_NUMBERED_IN_ARROW = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+                      pa.types.is_boolean, pa.types.is_date)
+"""Key types whose values Arrow and Python tell apart alike (not floats: NaN; not timestamps)."""
+
+
+def _numbered_keys(spec: OperatorSpec, table: pa.Table) -> tuple[list[Any], np.ndarray]:
+    """The batch's distinct keys in the order they first come, and each row's key number.
+    One key column of a plain type is numbered by Arrow, and only its distinct values become
+    Python keys."""
+    if len(spec.key_names) == 1:
+        column = table.column(spec.key_names[0]).combine_chunks()
+        if any(plain(column.type) for plain in _NUMBERED_IN_ARROW):
+            encoded = pc.dictionary_encode(column, null_encoding="encode")
+            return as_python(encoded.dictionary), encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    numbers: dict[Any, int] = {}
+    key_of_row = np.fromiter((numbers.setdefault(key, len(numbers)) for key in _keys_of(spec, table)),
+                             dtype=np.int64, count=table.num_rows)
+    return list(numbers), key_of_row
 
 
 def _time_out_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, last: int, skip_rows: np.ndarray,

@@ -268,7 +268,7 @@ def dedup_rows(seed: int, batches: int, keys: int, group: tuple[str, ...]) -> li
     for b in range(batches):
         rows = []
         for _ in range(rng.randint(0, 50)):
-            k = f"k{rng.randrange(keys)}"
+            k = None if rng.random() < 0.03 else f"k{rng.randrange(keys)}"  # a null key is a key too
             time = at(T0 + b * 5_000 + rng.randrange(-16_000, 6_000) // 1_000 * 1_000)
             row = {"k": k, "ts": time, "v": rng.randrange(100)}
             partial = {c: row[c] for c in group}
@@ -293,6 +293,7 @@ def test_deduplication_without_a_watermark_keeps_the_first_row_to_come_in_bulk_a
     batches = dedup_rows(9, 8, 20, ("k",))
     totals = compare(deduplication(("k",), watermark=False), batches, [None] * len(batches))
     assert totals["output_rows"] == len({row["k"] for rows in batches for row in rows})
+    assert any(row["k"] is None for rows in batches for row in rows)
 
 
 def test_bulk_and_per_key_merges_differ_on_a_seeded_bug(monkeypatch):
