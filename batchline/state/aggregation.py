@@ -33,6 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
+import pandas as pd  # type: ignore[import-untyped]
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame
@@ -56,7 +57,7 @@ from batchline.state.bulk import (
     state_columns,
 )
 from batchline.state.contract import LATE_AT
-from batchline.state.entries import KEY_PREFIX, STATE_PREFIX
+from batchline.state.entries import KEY_PREFIX, REMOVED_COL, STATE_PREFIX
 from batchline.state.group_state import GroupState, GroupStateTimeout
 from batchline.streams.base import StreamNode, Watermark
 from batchline.streams.nodes import TransformNode
@@ -399,12 +400,14 @@ def _naive(values: list[Any]) -> list[Any]:
 
 
 @dataclasses.dataclass(frozen=True)
-class MergeSessions:
+class MergeSessions(MergesInBulk, TimesOutInBulk):
     """The state function of a session-window aggregation. A key's state is its open
     sessions, as columns: ``(starts, ends, *one list per partial field)``. Each partial row
     of the batch is a session of its own, ``[event time, event time + gap)``; sessions merge
     while one starts at or before another's end (as Spark's); a session whose end is at or
-    before the watermark closes (emitted in append mode) and leaves the state.
+    before the watermark closes (emitted in append mode) and leaves the state. It runs in bulk
+    (``merge``, ``time_out``: every session of a partition's keys at once, over Arrow columns)
+    unless an aggregate merges only row by row (lists); ``__call__`` is the same per key.
 
     A partial row is ``(*key columns, event time, its session's end ms, rows, newest,
     *partial fields)`` (a constant for the key columns when there are none); a row out is
@@ -450,6 +453,86 @@ class MergeSessions:
             state.remove()
         head = _key_columns(key, self.key_count) if self.key_count else ()
         return [(*head, start, end, *self.partials.results(partial)) for start, end, partial, _ in emitted]
+
+
+    # ---------------------------------------------------------------- in bulk
+    @property
+    def merges_in_bulk(self) -> bool:
+        return self.partials.column_mergers is not None
+
+    def merge(self, keyed: KeyedRows) -> BulkResult:
+        rows = keyed.rows
+        starts = rows.column(self.time_index).combine_chunks()
+        fields = [rows.column(self.first_partial + i).combine_chunks() for i in range(self.partials.width)]
+        return self._sessions(keyed.entries, keyed.key_of_row, starts, fields, keyed.watermark_ms,
+                              keyed.output_schema)
+
+    def time_out(self, due: DueKeys) -> BulkResult:
+        return self._sessions(due.entries, np.empty(0, dtype=np.int64), None, None, due.watermark_ms,
+                              due.output_schema)
+
+    def _sessions(self, entries: pa.Table, key_of_row: np.ndarray, starts: pa.Array | None,
+                  fields: list[pa.Array] | None, watermark_ms: int | None, schema: pa.Schema) -> BulkResult:
+        """The keys' stored sessions and the batch's rows (each a session of its own) merged,
+        closed and emitted as ``__call__`` does for each key, over columns."""
+        keys = entries.num_rows
+        state_fields = [f for f in entries.schema if f.name.startswith(STATE_PREFIX)]
+        lists = [entries.column(f.name).combine_chunks() for f in state_fields]
+        element_types = [f.type.value_type for f in state_fields]
+        # Every session, stored ones first (each key's in order), then the batch's rows as they came.
+        owner = np.concatenate([pc.list_parent_indices(lists[0]).to_numpy(zero_copy_only=False).astype(np.int64),
+                                key_of_row])
+        columns = [pc.list_flatten(column) for column in lists]
+        if starts is not None and fields is not None:
+            times = starts.cast(element_types[0])
+            new = [times, pc.add(times, pa.scalar(self.gap, pa.duration("us"))).cast(element_types[1]), *fields]
+            columns = [pa.concat_arrays([old, add.cast(t)])
+                       for old, add, t in zip(columns, new, element_types, strict=True)]
+        changed = np.r_[np.zeros(len(owner) - len(key_of_row), dtype=bool), np.ones(len(key_of_row), dtype=bool)]
+        begins, ends = (_micros(c) for c in columns[:2])
+        # By key, then start; a stored session before a new one of the same start (a stable sort).
+        order = np.lexsort((begins, owner))
+        owner, begins, ends, changed = owner[order], begins[order], ends[order], changed[order]
+        columns = [c.take(pa.array(order)) for c in columns]
+        # A session starts where its key's rows start, or after a gap: after every end before it.
+        reach = pd.Series(ends).groupby(owner).cummax().to_numpy()
+        first = np.r_[True, (owner[1:] != owner[:-1]) | (begins[1:] > reach[:-1])] if len(owner) else \
+            np.empty(0, dtype=bool)
+        session = np.cumsum(first) - 1
+        heads = np.flatnonzero(first)
+        count = len(heads)
+        partial = _fold_by_key(session, count, columns[2:], self.partials.merge_columns)[0] if count else \
+            [c.slice(0, 0) for c in columns[2:]]
+        session_owner, session_start = owner[heads], columns[0].take(pa.array(heads))
+        session_end_us = np.maximum.reduceat(ends, heads) if count else np.empty(0, dtype=np.int64)
+        session_changed = np.logical_or.reduceat(changed, heads) if count else np.empty(0, dtype=bool)
+        session_end = pa.array(session_end_us, pa.timestamp("us", tz="UTC")).cast(element_types[1])
+        closed = np.floor_divide(session_end_us, 1000) <= (watermark_ms if watermark_ms is not None else 0)
+        # The open sessions, as each key's lists; the earliest end sets the key's timer.
+        open_at = np.flatnonzero(~closed)
+        open_owner = session_owner[open_at]
+        offsets = np.r_[0, np.cumsum(np.bincount(open_owner, minlength=keys))].astype(np.int32)
+        kept = [session_start, session_end, *partial]
+        state_lists = [pa.ListArray.from_arrays(pa.array(offsets), column.take(pa.array(open_at)))
+                       for column in kept]
+        holds = np.bincount(open_owner, minlength=keys) > 0
+        earliest = np.full(keys, np.iinfo(np.int64).max)
+        np.minimum.at(earliest, open_owner, np.floor_divide(session_end_us[open_at], 1000))
+        timeouts = pa.array(earliest - 1, mask=~holds)
+        had = ~entries.column(REMOVED_COL).to_numpy()
+        state = state_columns(state_fields, [pc.if_else(pa.array(holds), column, pa.nulls(keys, column.type))
+                                             for column in state_lists], timeouts, ~holds & had)
+        emitted = np.flatnonzero(closed if self.append else session_changed)
+        out_heads = [entries.column(name).combine_chunks().take(pa.array(session_owner[emitted]))
+                     for name in entries.column_names if name.startswith(KEY_PREFIX)][:self.key_count]
+        out = [*out_heads, session_start.take(pa.array(emitted)), session_end.take(pa.array(emitted)),
+               *self.partials.result_columns([c.take(pa.array(emitted)) for c in partial])]
+        output = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(out, schema, strict=True)], schema=schema)
+        return BulkResult(output, state, updated=holds)
+
+
+def _micros(times: pa.Array) -> np.ndarray:
+    return pc.cast(times.cast(pa.timestamp("us", tz="UTC")), pa.int64()).to_numpy(zero_copy_only=False)
 
 
 class AggregationNode(BuiltInNode):

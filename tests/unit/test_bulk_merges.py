@@ -215,16 +215,59 @@ def test_an_aggregation_of_lists_runs_per_key():
             batches, [None] * len(batches), bulk_expected=False)
 
 
-def test_session_windows_run_per_key():
-    node = AggregationNode.__new__(AggregationNode)
-    node.user_keys, node.grouping, node.aggregates = ("k",), SessionWindow("ts", 30_000), (agg.count(),)
-    node.output_mode, node.expire_after_ms, node.event_time = OutputMode.APPEND, None, Watermark(_NEWEST, 10_000)
-    node.parents, node.name = [SimpleNamespace(watermark=lambda: None)], "sessions"
-    schema = StructType([StructField("k", StringType()), StructField("window_start", TimestampType()),
-                         StructField(_END_MS, LongType()), StructField(ROWS, LongType()),
-                         StructField(_NEWEST, TimestampType()), StructField("__batchline_p0_0", LongType())])
-    fn, _, _ = node.derive(schema)
-    assert not hasattr(fn, "merge")
+GAP = 30_000
+
+
+def sessions(keys: tuple[str, ...], mode: OutputMode, aggregates: tuple[agg.Aggregate, ...] = AGGREGATES) -> Any:
+    """A session-window aggregation's state function and schemas as ``KeyedStream.aggregate``
+    derives them: partial rows per key and event time, each its own session of ``GAP``."""
+    def make() -> tuple[Any, ...]:
+        node = AggregationNode.__new__(AggregationNode)
+        node.user_keys, node.grouping, node.aggregates = keys, SessionWindow("ts", GAP), aggregates
+        node.output_mode, node.expire_after_ms, node.event_time = mode, None, Watermark(_NEWEST, 10_000)
+        node.parents, node.name = [SimpleNamespace(watermark=lambda: None)], "sessions"
+        schema = partial_schema(keys, aggregates, windowed=True, newest=True)
+        if not keys:  # one group: the operator's key is a constant
+            schema = StructType([StructField(_ALL, BooleanType()), *schema.fields])
+        fn, state, output = node.derive(schema)
+        return fn, state, output, schema, keys or (_ALL,), GroupStateTimeout.EVENT_TIME, _NEWEST, _END_MS
+    return make
+
+
+def session_rows(seed: int, batches: int, keys: int, key_names: tuple[str, ...] = ("k",),
+                 aggregates: tuple[agg.Aggregate, ...] = AGGREGATES) -> list[list[dict[str, Any]]]:
+    rows = partial_rows(seed, batches, keys, windowed=True, newest=True, key_names=key_names,
+                        aggregates=aggregates)
+    rng = random.Random(seed)
+    for batch in rows:
+        for row in batch:
+            row.update({name: f"{name}{rng.randrange(keys)}" for name in key_names})
+            time = int((row[_NEWEST] - EPOCH).total_seconds() * 1000)
+            row["window_start"], row[_END_MS] = row[_NEWEST], time + GAP  # a session of its own
+            if not key_names:
+                row[_ALL] = True
+    return rows
+
+
+@pytest.mark.parametrize("mode", list(OutputMode))
+def test_session_windows_merge_close_and_emit_in_bulk_as_per_key(mode):
+    batches = session_rows(13, 14, 40) + [[]]
+    totals = compare(sessions(("k",), mode), batches, moving_watermarks(batches, _NEWEST))
+    assert totals["timed_out"] > 5 and totals["output_rows"] > 10 and totals["late_rows"] > 0
+
+
+def test_sessions_of_two_key_columns_and_of_none_merge_in_bulk_as_per_key():
+    batches = session_rows(14, 10, 12, key_names=("a", "b")) + [[]]
+    compare(sessions(("a", "b"), OutputMode.APPEND), batches, moving_watermarks(batches, _NEWEST))
+    batches = session_rows(15, 10, 1, key_names=()) + [[]]
+    assert compare(sessions((), OutputMode.UPDATE), batches, moving_watermarks(batches, _NEWEST))["output_rows"] > 5
+
+
+def test_sessions_of_lists_run_per_key():
+    aggregates = (agg.count(), agg.collect_list("v"))
+    batches = session_rows(16, 5, 5, aggregates=aggregates) + [[]]
+    compare(sessions(("k",), OutputMode.APPEND, aggregates), batches, moving_watermarks(batches, _NEWEST),
+            bulk_expected=False)
 
 
 def test_a_sum_that_overflows_fails_the_batch_in_bulk_as_per_key():
@@ -317,3 +360,5 @@ def test_changes_go_into_the_arrow_base_or_beside_it_in_bulk_as_per_key(monkeypa
             batches, moving_watermarks(batches, _NEWEST))
     batches = dedup_rows(12, 16, 30, ("k", "ts")) + [[]]
     compare(deduplication(("k",), watermark=True, within_watermark=True), batches, moving_watermarks(batches, "ts"))
+    batches = session_rows(17, 14, 40) + [[]]
+    compare(sessions(("k",), mode), batches, moving_watermarks(batches, _NEWEST))
