@@ -53,6 +53,7 @@ from batchline.state.bulk import (
     MergesInBulk,
     TimesOutInBulk,
     epoch_ms_column,
+    micros_column,
     removing_all,
     state_columns,
 )
@@ -489,7 +490,7 @@ class MergeSessions(MergesInBulk, TimesOutInBulk):
             columns = [pa.concat_arrays([old, add.cast(t)])
                        for old, add, t in zip(columns, new, element_types, strict=True)]
         changed = np.r_[np.zeros(len(owner) - len(key_of_row), dtype=bool), np.ones(len(key_of_row), dtype=bool)]
-        begins, ends = (_micros(c) for c in columns[:2])
+        begins, ends = (micros_column(c).to_numpy(zero_copy_only=False) for c in columns[:2])
         # By key, then start; a stored session before a new one of the same start (a stable sort).
         order = np.lexsort((begins, owner))
         owner, begins, ends, changed = owner[order], begins[order], ends[order], changed[order]
@@ -529,10 +530,6 @@ class MergeSessions(MergesInBulk, TimesOutInBulk):
                *self.partials.result_columns([c.take(pa.array(emitted)) for c in partial])]
         output = pa.Table.from_arrays([c.cast(f.type) for c, f in zip(out, schema, strict=True)], schema=schema)
         return BulkResult(output, state, updated=holds)
-
-
-def _micros(times: pa.Array) -> np.ndarray:
-    return pc.cast(times.cast(pa.timestamp("us", tz="UTC")), pa.int64()).to_numpy(zero_copy_only=False)
 
 
 class AggregationNode(BuiltInNode):

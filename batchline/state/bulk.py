@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from batchline.state.entries import REMOVED_COL, STATE_PREFIX, TIMEOUT_COL
 
 __all__ = ["BulkResult", "DueKeys", "KeyedRows", "MergesInBulk", "TimesOutInBulk", "epoch_ms_column",
-           "removing_all", "state_columns"]
+           "micros_column", "removing_all", "state_columns"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,9 +115,14 @@ def state_columns(fields: list[pa.Field], stored: list[pa.Array], timeouts: pa.A
     return pa.Table.from_arrays(columns, names=[*(f.name for f in fields), TIMEOUT_COL, REMOVED_COL])
 
 
+def micros_column(times: pa.Array | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
+    """Timestamps (of any unit or zone) as epoch microseconds; nulls stay null."""
+    return pc.cast(times.cast(pa.timestamp("us", tz="UTC")), pa.int64())
+
+
 def epoch_ms_column(times: pa.Array) -> pa.Array:
     """Timestamps as epoch milliseconds, rounded down (as ``batch_time.epoch_ms``); nulls stay null."""
-    micros = pc.cast(times.cast(pa.timestamp("us", tz="UTC")), pa.int64())
+    micros = micros_column(times)
     return pa.array(np.floor_divide(micros.fill_null(0).to_numpy(), 1000),
                     mask=micros.is_null().to_numpy(zero_copy_only=False))
 

@@ -42,6 +42,7 @@ from batchline.state.bulk import (
     MergesInBulk,
     TimesOutInBulk,
     epoch_ms_column,
+    micros_column,
     removing_all,
     state_columns,
 )
@@ -114,7 +115,7 @@ class KeepFirst(MergesInBulk, TimesOutInBulk):
         if self.time_index is None:
             order = np.argsort(keyed.key_of_row, kind="stable")
         else:
-            micros = pc.cast(rows.column(self.time_index).cast(pa.timestamp("us", tz="UTC")), pa.int64())
+            micros = micros_column(rows.column(self.time_index))
             times = micros.fill_null(np.iinfo(np.int64).max).to_numpy()
             order = np.lexsort((times, keyed.key_of_row))
         grouped = keyed.key_of_row[order]
