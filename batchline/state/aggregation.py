@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql.types import ArrayType, StructField, StructType, TimestampType
@@ -152,13 +153,25 @@ class _PartialFrame:
     def __init__(self, keys: tuple[str, ...], grouping: TimeWindow | SessionWindow | None,
                  aggregates: tuple[Aggregate, ...], event_time: str | None) -> None:
         self.keys, self.grouping, self.aggregates, self.event_time = keys, grouping, aggregates, event_time
+        self._built: tuple[SparkContext, _PartialColumns] | None = None
 
     def __call__(self, df: DataFrame) -> DataFrame:
+        columns = self._columns(df.sparkSession.sparkContext)
+        partials = df.groupBy(*columns.group).agg(*columns.measures)
+        return partials if columns.out is None else partials.select(*columns.out)
+
+    def _columns(self, context: SparkContext) -> _PartialColumns:
+        """The frame's expressions, built once per Spark context: each costs a round trip to
+        the JVM, and the frame is built every batch."""
+        if self._built is None or self._built[0] is not context:
+            self._built = context, self._build()
+        return self._built[1]
+
+    def _build(self) -> _PartialColumns:
         group: list[Column] = [F.col(k) for k in self.keys]
         grouping = self.grouping
         if isinstance(grouping, TimeWindow):
-            df = df.withColumn(_WINDOW, grouping.assign())
-            group.append(F.col(_WINDOW))
+            group.append(grouping.assign().alias(_WINDOW))
         elif not group:
             group.append(F.lit(True).alias(_ALL))  # one group: the operator's key is a constant
         if isinstance(grouping, SessionWindow):
@@ -166,21 +179,31 @@ class _PartialFrame:
         measures = [F.count(F.lit(1)).alias(ROWS)]
         if self.event_time is not None:
             measures.append(F.max(self.event_time).alias(_NEWEST))
-        measures += [p.alias(_partial_name(i, j)) for i, a in enumerate(self.aggregates)
-                     for j, p in enumerate(a.partials(self.event_time))]
-        partials = df.groupBy(*group).agg(*measures)
-        rest = [c for c in partials.columns if c not in self.keys and c not in (_WINDOW, _ALL)]
+        names = [ROWS, *([_NEWEST] if self.event_time is not None else [])]
+        for i, aggregate in enumerate(self.aggregates):
+            for j, partial in enumerate(aggregate.partials(self.event_time)):
+                measures.append(partial.alias(_partial_name(i, j)))
+                names.append(_partial_name(i, j))
+        rest = [F.col(name) for name in names]
         if isinstance(grouping, TimeWindow):
-            return partials.select(*self.keys, F.col(f"{_WINDOW}.start").alias(WINDOW_START),
-                                   F.unix_millis(F.col(f"{_WINDOW}.end")).alias(_END_MS), *rest)
+            return _PartialColumns(group, measures, [
+                *(F.col(k) for k in self.keys), F.col(f"{_WINDOW}.start").alias(WINDOW_START),
+                F.unix_millis(F.col(f"{_WINDOW}.end")).alias(_END_MS), *rest])
         if isinstance(grouping, SessionWindow):
             # Each row's own session ends a gap after it: the row is late once that end is not
             # after the watermark (as Spark filters a session window's input rows).
-            rest.remove(grouping.column)
-            return partials.select(*(self.keys or (_ALL,)), F.col(grouping.column).alias(WINDOW_START),
-                                   (F.unix_millis(F.col(grouping.column)) + F.lit(grouping.gap_ms)).alias(_END_MS),
-                                   *rest)
-        return partials
+            return _PartialColumns(group, measures, [
+                *(F.col(k) for k in self.keys or (_ALL,)), F.col(grouping.column).alias(WINDOW_START),
+                (F.unix_millis(F.col(grouping.column)) + F.lit(grouping.gap_ms)).alias(_END_MS), *rest])
+        return _PartialColumns(group, measures, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _PartialColumns:
+    group: list[Column]
+    measures: list[Column]
+    out: list[Column] | None
+    """The columns of the frame, from the grouped rows; None: those rows as they are."""
 
 
 def _partial_name(aggregate: int, field: int) -> str:

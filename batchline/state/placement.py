@@ -23,11 +23,12 @@ from functools import lru_cache
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from batchline.errors import ConfigurationError
 from batchline.state.contract import MARKER_COLUMN
 
-__all__ = ["marker_frame", "placement", "route_values", "shuffle_to_partitions", "spark_hash_int"]
+__all__ = ["StateShuffle", "marker_frame", "placement", "route_values", "spark_hash_int"]
 
 _SEED = 42  # Spark's hash() and HashPartitioning
 
@@ -76,16 +77,32 @@ def marker_frame(spark: SparkSession, num_partitions: int) -> DataFrame:
     return spark.range(0, num_partitions, 1, 1).select(F.col("id").cast("int").alias(MARKER_COLUMN))
 
 
-def shuffle_to_partitions(df: DataFrame, markers: DataFrame, key_names: Sequence[str],
-                          num_partitions: int) -> DataFrame:
-    """``df`` shuffled into the state partitions as ``repartition(num_partitions, *keys)`` does,
-    with ``markers`` (``marker_frame``) added: each partition gets its marker row. Combined by
-    position, not by name, so a frame with two columns of one name goes through as before."""
-    if MARKER_COLUMN in df.columns:
-        raise ConfigurationError(f"the input of a stateful operator has a column named {MARKER_COLUMN!r}, the "
-                                 "name batchline marks state partitions with; rename that column before grouping")
-    data = df.select("*", F.lit(None).cast("int").alias(MARKER_COLUMN))
-    typed = markers.select(*[F.lit(None).cast(f.dataType).alias(f.name) for f in df.schema.fields], MARKER_COLUMN)
-    target = F.coalesce(F.col(MARKER_COLUMN), placement(key_names, num_partitions))
-    stand_ins = F.array(*[F.lit(v) for v in route_values(num_partitions)])
-    return data.union(typed).repartition(num_partitions, F.element_at(stand_ins, target + 1))
+class StateShuffle:
+    """A stateful operator's rows shuffled into its state partitions as
+    ``repartition(num_partitions, *keys)`` does, with each partition's marker row added
+    (``marker_frame``), batch after batch. The routing expression and the typed marker rows are
+    built once (for as long as the input's columns stay the same), not every batch: each costs
+    round trips to the JVM and a query analysis. Marker rows join data rows by position, not
+    by name, so a frame with two columns of one name goes through as before."""
+
+    def __init__(self, spark: SparkSession, key_names: Sequence[str], num_partitions: int) -> None:
+        self.num_partitions = num_partitions
+        self._markers = marker_frame(spark, num_partitions)
+        self._no_marker = F.lit(None).cast("int").alias(MARKER_COLUMN)
+        target = F.coalesce(F.col(MARKER_COLUMN), placement(key_names, num_partitions))
+        stand_ins = F.array(*[F.lit(v) for v in route_values(num_partitions)])
+        self._route = F.element_at(stand_ins, target + 1)
+        self._typed: tuple[StructType, DataFrame] | None = None
+        """The marker rows with a null in each of the input's columns, and those columns."""
+
+    def __call__(self, df: DataFrame, schema: StructType | None = None) -> DataFrame:
+        """``df`` (whose columns are ``schema``, when known) shuffled into the partitions."""
+        schema = df.schema if schema is None else schema
+        if MARKER_COLUMN in schema.fieldNames():
+            raise ConfigurationError(f"the input of a stateful operator has a column named {MARKER_COLUMN!r}, the "
+                                     "name batchline marks state partitions with; rename that column before grouping")
+        if self._typed is None or self._typed[0] != schema:
+            self._typed = schema, self._markers.select(
+                *[F.lit(None).cast(f.dataType).alias(f.name) for f in schema.fields], MARKER_COLUMN)
+        data = df.select("*", self._no_marker)
+        return data.union(self._typed[1]).repartition(self.num_partitions, self._route)

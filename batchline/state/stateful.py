@@ -57,7 +57,7 @@ from batchline.state.operator import (
     run_batch_job,
 )
 from batchline.state.operator_batch import OperatorBatch, Started
-from batchline.state.placement import marker_frame, placement, shuffle_to_partitions
+from batchline.state.placement import StateShuffle, placement
 from batchline.state.schema import RowSchema
 from batchline.state.store import DELTA, OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
@@ -226,6 +226,8 @@ class StatefulRuntime(StreamRuntime):
         self._drained: set[int] = set()
         """Partitions finished for good: the inputs ended and they hold no timeout that may fire."""
         self._finished_after: int | None = None
+        self._shuffle: StateShuffle | None = None
+        """How rows go to the state partitions: built once the partition count is known."""
         self._in_output_job = InOutputJob(self) if node.node_id in env.read_by_one_output else None
         """Only one output reads the operator, directly: the batch runs inside that output's job
         (one Spark job fewer, and no pass over the persisted output), completed by a finish job."""
@@ -422,10 +424,12 @@ class StatefulRuntime(StreamRuntime):
         if self.finished_before(batch_time) or not self.has_rows(batch_time):
             return self.env.empty_frame(node.output_schema.struct)
         df = self.parent_frame(batch_time)
-        missing = [k for k in node.key_names if k not in df.columns]
+        columns = df.schema  # one round trip to the JVM for the batch's columns
+        missing = [k for k in node.key_names if k not in columns.fieldNames()]
         if missing:
-            raise ConfigurationError(f"operator {self.name!r}: key column(s) {missing} are not in {df.columns}")
-        metadata = self._ensure_metadata(StructType([df.schema[k] for k in node.key_names]))
+            raise ConfigurationError(
+                f"operator {self.name!r}: key column(s) {missing} are not in {columns.fieldNames()}")
+        metadata = self._ensure_metadata(StructType([columns[k] for k in node.key_names]))
         spec = OperatorSpec(
             store=self._files, generation=metadata.generation, key_names=node.key_names,
             key_schema=metadata.key_schema, state=node.state_schema, output=node.output_schema, fn=node.fn,
@@ -441,7 +445,9 @@ class StatefulRuntime(StreamRuntime):
         if kept:
             # A re-run batch shuffles only the rows of the partitions it re-runs.
             df = df.where(~placement(node.key_names, n).isin(*sorted(kept)))
-        shuffled = shuffle_to_partitions(df, marker_frame(self.env.spark, n), node.key_names, n)
+        if self._shuffle is None or self._shuffle.num_partitions != n:
+            self._shuffle = StateShuffle(self.env.spark, node.key_names, n)
+        shuffled = self._shuffle(df, columns)  # a filter keeps the columns
         return shuffled.mapInArrow(task, node.output_schema.struct).persist(StorageLevel.MEMORY_AND_DISK)
 
     def release(self, batch_time: int, df: DataFrame) -> None:

@@ -6,7 +6,7 @@ import pytest
 from pyspark.sql import functions as F
 
 from batchline.state.contract import MARKER_COLUMN
-from batchline.state.placement import marker_frame, route_values, shuffle_to_partitions, spark_hash_int
+from batchline.state.placement import StateShuffle, route_values, spark_hash_int
 
 
 def test_hash_of_an_int_is_spark_s(spark):
@@ -36,7 +36,7 @@ def test_rows_go_where_repartition_by_keys_sends_them_and_each_partition_gets_it
     df = spark.createDataFrame(rows, schema)
     expected = {tuple(r[:-1]): r[-1] for r in
                 df.repartition(n, *keys).select("value", *keys, F.spark_partition_id()).collect()}
-    shuffled = shuffle_to_partitions(df, marker_frame(spark, n), keys, n).select(
+    shuffled = StateShuffle(spark, keys, n)(df).select(
         "value", *keys, MARKER_COLUMN, F.spark_partition_id().alias("pid")).collect()
     data = [r for r in shuffled if r[MARKER_COLUMN] is None]
     assert {(r["value"], *(r[k] for k in keys)): r["pid"] for r in data} == expected
@@ -49,7 +49,18 @@ def test_a_frame_with_two_columns_of_one_name_is_shuffled_and_the_marker_s_name_
     from batchline.errors import ConfigurationError
 
     df = spark.createDataFrame([("a", 1, 2), ("b", 3, 4)], "key string, v long, w long").toDF("key", "v", "v")
-    shuffled = shuffle_to_partitions(df, marker_frame(spark, 2), ["key"], 2).collect()
+    shuffle = StateShuffle(spark, ["key"], 2)
+    shuffled = shuffle(df).collect()
     assert sorted(tuple(r) for r in shuffled if r[MARKER_COLUMN] is None) == [("a", 1, 2, None), ("b", 3, 4, None)]
     with pytest.raises(ConfigurationError, match="rename that column"):
-        shuffle_to_partitions(df.withColumn(MARKER_COLUMN, F.lit(1)), marker_frame(spark, 2), ["key"], 2)
+        shuffle(df.withColumn(MARKER_COLUMN, F.lit(1)))
+
+
+def test_one_shuffle_serves_batch_after_batch_and_follows_a_change_of_columns(spark):
+    """Built once per operator: its marker rows follow the input's columns when they change."""
+    shuffle = StateShuffle(spark, ["key"], 3)
+    for schema, rows in [("key string, v long", [("a", 1), ("b", 2)]), ("key string, v long", [("c", 3)]),
+                         ("key string, v string, w double", [("d", "x", 1.5)])]:
+        shuffled = shuffle(spark.createDataFrame(rows, schema)).collect()
+        assert sorted(tuple(r) for r in shuffled if r[MARKER_COLUMN] is None) == sorted((*r, None) for r in rows)
+        assert sorted(r[MARKER_COLUMN] for r in shuffled if r[MARKER_COLUMN] is not None) == [0, 1, 2]
