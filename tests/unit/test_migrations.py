@@ -1,0 +1,195 @@
+"""Every conversion in ``batchline.checkpoint.migrations`` reads data as the older code wrote it
+(``tests/fixtures/``, made by the ``make_*_fixtures.py`` beside them) and gives what this
+release reads; records this release's predecessors wrote in today's layout read exactly as
+before. No Spark (whole checkpoints of older formats: ``tests/spark/test_checkpoint_migrations.py``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from batchline.checkpoint import migrations
+from batchline.checkpoint.migrations import (
+    FILE_SOURCE_POSITION_VERSION,
+    file_source_batch_mtimes,
+    file_source_position_version,
+    upgrade_file_source_position,
+)
+from batchline.checkpoint.storage import CorruptFileError
+from batchline.errors import CheckpointFormatError
+from tests.fixtures import make_file_source_fixtures as made
+from tests.helpers import ROOT
+from tests.unit.test_file_source_age import checkpointed, make_reader, take
+
+FIXTURES = ROOT / "tests" / "fixtures"
+HOUR_MS = 3_600_000
+
+
+def ms(seconds: float) -> int:
+    return int(seconds * 1000)
+
+
+# ---------------------------------------------------------------- file source positions
+def file_source_fixture(release: str, kind: str, directory: Path | None = None) -> dict[str, Any]:
+    """A file source's records as ``release`` wrote them; with ``directory``, its input files
+    moved there (the records name files by their whole path)."""
+    text = (FIXTURES / "file_source" / release / f"{kind}.json").read_text()
+    if directory is not None:
+        text = text.replace(made.ROOT, str(directory))
+    return json.loads(text)
+
+
+def unbounded_listing_now(root: str = made.ROOT) -> list[tuple[str, int]]:
+    """The unbounded fixture's directory at the restart: what it read (one file deleted since)
+    and what arrived after the checkpoint."""
+    files = {**made.UNBOUNDED_READ_FIRST, **made.UNBOUNDED_ARRIVED_LATER}
+    del files[made.UNBOUNDED_DELETED]
+    return sorted((f"{root}/{name}", ms(modified)) for name, modified in files.items())
+
+
+def base_name(name: str) -> str:
+    return name.rsplit("/", 1)[-1]
+
+
+def materialise(directory: Path, files: dict[str, float]) -> None:
+    for name, modified in files.items():
+        (directory / name).write_text('{"id": 1}\n')
+        os.utime(directory / name, (modified, modified))
+
+
+def test_a_file_source_position_s_version_is_read_from_the_record_or_from_the_keys_before_it_had_one():
+    assert file_source_position_version(file_source_fixture("before-0.2", "unbounded")["position"], "x") == 1
+    assert file_source_position_version(file_source_fixture("before-0.2", "bounded")["position"], "x") == 1
+    assert file_source_position_version(file_source_fixture("0.2", "unbounded")["position"], "x") == 2
+    assert file_source_position_version(file_source_fixture("0.2", "bounded")["position"], "x") == 2
+    assert file_source_position_version({"v": 2, "seen_files": {}}, "x") == FILE_SOURCE_POSITION_VERSION == 2
+    assert file_source_position_version({"seen": []}, "x") == 1 == file_source_position_version({}, "x")
+    with pytest.raises(CheckpointFormatError, match="newer than the 2 this release reads; run the release"):
+        file_source_position_version({"v": 3, "seen_files": {}}, "files:/in")
+    with pytest.raises(CorruptFileError, match="no valid version .* restore the checkpoint from a backup"):
+        file_source_position_version({"v": "2"}, "files:/in")
+
+
+def test_an_unbounded_position_before_0_2_becomes_a_watermark_that_still_reads_the_unread_files():
+    record = file_source_fixture("before-0.2", "unbounded")["position"]
+    upgraded = upgrade_file_source_position(record, bounded=False, max_file_age_ms=HOUR_MS,
+                                            listed=unbounded_listing_now, key=base_name, what="files:/in")
+    old = {name: ms(t) for name, t in made.UNBOUNDED_READ_FIRST.items() if name != made.UNBOUNDED_DELETED}
+    # The watermark is the newest file read that is still there; the horizon lies at the
+    # oldest unread file, far below watermark - max_file_age, so that it is still read.
+    assert upgraded == {"seen_files": {"watermark_ms": max(old.values()),
+                                       "horizon_ms": ms(made.UNBOUNDED_ARRIVED_LATER["ancient-unread.json"]),
+                                       "files": old}}
+    # Without unread files the horizon is watermark - max_file_age, and older names go.
+    read_only = [(n, t) for n, t in unbounded_listing_now() if base_name(n).startswith("old-")]
+    upgraded = upgrade_file_source_position(record, bounded=False, max_file_age_ms=HOUR_MS,
+                                            listed=lambda: read_only, key=base_name, what="files:/in")
+    assert upgraded["seen_files"]["horizon_ms"] == max(old.values()) - HOUR_MS
+    assert set(upgraded["seen_files"]["files"]) == {"old-1.json", "old-2.json"}
+    # Nothing it named is listed any more: nothing remembered, nothing skipped.
+    assert upgrade_file_source_position(record, bounded=False, max_file_age_ms=HOUR_MS, listed=list,
+                                        key=base_name, what="files:/in") == {
+        "seen_files": {"watermark_ms": None, "horizon_ms": None, "files": {}}}
+
+
+def test_a_bounded_position_before_0_2_becomes_its_listing_and_how_many_of_it_were_read():
+    record = file_source_fixture("before-0.2", "bounded")["position"]
+
+    def not_listed() -> list[tuple[str, int]]:
+        raise AssertionError("a bounded position is converted without a listing")
+
+    upgraded = upgrade_file_source_position(record, bounded=True, max_file_age_ms=HOUR_MS, listed=not_listed,
+                                            key=base_name, what="files:/in")
+    assert upgraded == {"listing": sorted(f"{made.ROOT}/{name}" for name in made.BOUNDED_FILES), "taken": 2}
+    # Checkpointed before its listing was made: nothing read yet.
+    assert upgrade_file_source_position({"seen": []}, bounded=True, max_file_age_ms=HOUR_MS, listed=not_listed,
+                                        key=base_name, what="files:/in") == {
+        "seen_files": {"watermark_ms": None, "horizon_ms": None, "files": {}}}
+
+
+@pytest.mark.parametrize("kind", ["unbounded", "bounded"])
+def test_positions_of_0_2_to_this_release_are_today_s_layout_and_read_unchanged(kind):
+    record = file_source_fixture("0.2", kind)["position"]
+
+    def not_listed() -> list[tuple[str, int]]:
+        raise AssertionError("today's layout is read without a listing")
+
+    for written in (record, {"v": 2, **record}):
+        assert upgrade_file_source_position(written, bounded=kind == "bounded", max_file_age_ms=HOUR_MS,
+                                            listed=not_listed, key=base_name, what="files:/in") == record
+
+
+def test_a_batch_logged_before_0_2_gets_its_files_times_as_listed_now():
+    logged = file_source_fixture("before-0.2", "unbounded")["logged"]
+    listed = dict(unbounded_listing_now())
+    assert file_source_batch_mtimes(logged, listed=unbounded_listing_now, fallback_ms=5) == [
+        listed[name] for name in logged["files"]]
+    # A file gone since cannot be listed, so it is never read again: the newest time read so far.
+    assert file_source_batch_mtimes(logged, listed=list, fallback_ms=5) == [5, 5]
+    assert file_source_batch_mtimes(logged, listed=list, fallback_ms=None) == [0, 0]
+    # A batch of 0.2 on names its times: they are used as logged, without a listing.
+    logged = file_source_fixture("0.2", "unbounded")["logged"]
+    assert file_source_batch_mtimes(logged, listed=lambda: [("x", 1)], fallback_ms=5) == logged["mtimes"]
+
+
+def restarted(directory: Path, records: dict[str, Any], **options: Any) -> Any:
+    """A reader restored from a fixture's position, its logged batch replayed (as a restart does)."""
+    reader = make_reader(directory, opened=False, **options)
+    reader.restore(records["position"])
+    reader.restore_allocation(2000, records["logged"], advance=True)
+    reader.open()
+    return reader
+
+
+def test_an_unbounded_source_restarts_from_a_checkpoint_before_0_2_reading_each_file_once(tmp_path):
+    files = {**made.UNBOUNDED_READ_FIRST, **made.UNBOUNDED_ARRIVED_LATER}
+    del files[made.UNBOUNDED_DELETED]
+    materialise(tmp_path, files)
+    records = file_source_fixture("before-0.2", "unbounded", tmp_path)
+    reader = restarted(tmp_path, records)
+    assert reader.allocation(2000) == records["logged"]  # replayed as that release logged it
+    materialise(tmp_path, {"newer.json": made.T0 + 13 * 3600})
+    assert take(reader, 3000) == ["newer.json"]
+    assert take(reader, 4000) == []
+    written = checkpointed(reader)
+    assert written["v"] == FILE_SOURCE_POSITION_VERSION
+    assert written["seen_files"]["files"] == {"new-unread.json": ms(made.T0 + 12 * 3600),
+                                              "newer.json": ms(made.T0 + 13 * 3600)}
+
+
+def test_a_bounded_source_restarts_from_a_checkpoint_before_0_2_after_the_files_it_read(tmp_path):
+    materialise(tmp_path, made.BOUNDED_FILES)
+    records = file_source_fixture("before-0.2", "bounded", tmp_path)
+    reader = restarted(tmp_path, records, bounded=True, max_files_per_batch=2)
+    assert take(reader, 3000) == ["f4.json"]
+    assert reader.exhausted()
+    assert checkpointed(reader) == {"v": 2, "listing": sorted(str(tmp_path / name) for name in made.BOUNDED_FILES),
+                                    "taken": 5}
+
+
+@pytest.mark.parametrize("kind", ["unbounded", "bounded"])
+def test_a_position_of_0_2_restores_as_the_same_position_with_a_version(kind, tmp_path):
+    files = made.BOUNDED_FILES if kind == "bounded" else made.UNBOUNDED_READ_FIRST
+    materialise(tmp_path, files)
+    # The age that release ran with: a smaller one would forget names at the restart, on purpose.
+    options: dict[str, Any] = {"bounded": True, "max_files_per_batch": 2} if kind == "bounded" else {
+        "max_file_age": "7 days"}
+    position = file_source_fixture("0.2", kind, tmp_path)["position"]
+    reader = make_reader(tmp_path, opened=False, **options)
+    reader.restore(position)
+    reader.open()
+    assert checkpointed(reader) == {"v": 2, **position}
+    again = make_reader(tmp_path, opened=False, **options)
+    again.restore(checkpointed(reader))
+    again.open()
+    assert checkpointed(again) == checkpointed(reader)
+
+
+def test_the_migrations_module_imports_nothing_above_the_checkpoint_room():
+    imported = {line.split()[1] for line in Path(migrations.__file__).read_text().splitlines()
+                if line.startswith(("from batchline", "import batchline"))}
+    assert all(name.startswith(("batchline.checkpoint", "batchline.errors")) for name in imported), imported
