@@ -89,21 +89,24 @@ def upgrade(payload: dict[str, Any], what: str) -> dict[str, Any]:
 # batches are logged as dicts in the job event log; neither is a file of its own, so each
 # carries its own version.
 #
-# Version 1 (releases before 0.2, before ``max_file_age``): ``{"seen": [every file name ever
-#     read]}``; a bounded source's also ``"listing"`` (the files present at its first start)
-#     once it was made, and no count: the names read are always the first of the listing.
-#     A logged batch is ``{"files": [...]}``.
-# Version 2 (0.2 on): an unbounded source's ``{"seen_files": {"watermark_ms", "horizon_ms",
-#     "files": {name: modification time in ms}}}`` (``sources.seen_files.SeenFiles``); a
-#     bounded one's ``{"listing": [...], "taken": n}``, or, before its listing was made,
+# Version 1 (before ``max_file_age``): ``{"seen": [every file name ever read]}``; a bounded
+#     source's also ``"listing"`` (the files present at its first start) once it was made, and
+#     no count: the names read are always the first of the listing. A logged batch is
+#     ``{"files": [...]}``.
+# Version 2 (``max_file_age`` on): an unbounded source's ``{"seen_files": {"watermark_ms",
+#     "horizon_ms", "files": {name: modification time in ms}}}`` (``sources.seen_files.SeenFiles``);
+#     a bounded one's ``{"listing": [...], "taken": n}``, or, before its listing was made,
 #     ``{"seen_files": <nothing remembered>}``. A logged batch of an unbounded source adds
 #     ``"mtimes"``, its files' modification times.
 #
-# This release writes version 2 with ``"v": 2``. Releases from 0.2 up to this one wrote the
-# same layout without ``"v"``: such a record is told apart from version 1 by its keys
-# (``seen_files`` or ``taken``), here and nowhere else, and must keep restarting exactly as
-# it did. A logged batch carries no version: it is read by the position it follows, and an
-# unbounded source's batch without ``mtimes`` is of version 1.
+# Positions are written with ``"v"`` from this release on. Version 2 was first written
+# without it: such a record is told apart from version 1 by its keys (``seen_files`` or
+# ``taken``), here and nowhere else, and must keep restarting exactly as it did. A logged
+# batch carries no version: it is read by the position it follows, and an unbounded
+# source's batch without ``mtimes`` is of version 1.
+#
+# Fixtures, written by the code of each layout: ``tests/fixtures/file_source/``
+# (``make_file_source_fixtures.py``).
 
 FILE_SOURCE_POSITION_VERSION = 2
 """The version of a file source's position that this release writes (as ``"v"``)."""
@@ -113,7 +116,7 @@ def file_source_position_version(record: Mapping[str, Any], what: str) -> int:
     """The layout version of a file source's position ``record`` (``what`` names it in errors)."""
     version = record.get("v")
     if version is None:
-        # Written before positions carried a version: 0.2's keys, else the layout before it.
+        # Written before positions carried a version: version 2's keys, else version 1.
         return 2 if "seen_files" in record or "taken" in record else 1
     if not isinstance(version, int) or version < 1:
         raise CorruptFileError(

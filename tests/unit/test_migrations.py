@@ -62,10 +62,10 @@ def materialise(directory: Path, files: dict[str, float]) -> None:
 
 
 def test_a_file_source_position_s_version_is_read_from_the_record_or_from_the_keys_before_it_had_one():
-    assert file_source_position_version(file_source_fixture("before-0.2", "unbounded")["position"], "x") == 1
-    assert file_source_position_version(file_source_fixture("before-0.2", "bounded")["position"], "x") == 1
-    assert file_source_position_version(file_source_fixture("0.2", "unbounded")["position"], "x") == 2
-    assert file_source_position_version(file_source_fixture("0.2", "bounded")["position"], "x") == 2
+    assert file_source_position_version(file_source_fixture("v1", "unbounded")["position"], "x") == 1
+    assert file_source_position_version(file_source_fixture("v1", "bounded")["position"], "x") == 1
+    assert file_source_position_version(file_source_fixture("v2-unmarked", "unbounded")["position"], "x") == 2
+    assert file_source_position_version(file_source_fixture("v2-unmarked", "bounded")["position"], "x") == 2
     assert file_source_position_version({"v": 2, "seen_files": {}}, "x") == FILE_SOURCE_POSITION_VERSION == 2
     assert file_source_position_version({"seen": []}, "x") == 1 == file_source_position_version({}, "x")
     with pytest.raises(CheckpointFormatError, match="newer than the 2 this release reads; run the release"):
@@ -74,8 +74,8 @@ def test_a_file_source_position_s_version_is_read_from_the_record_or_from_the_ke
         file_source_position_version({"v": "2"}, "files:/in")
 
 
-def test_an_unbounded_position_before_0_2_becomes_a_watermark_that_still_reads_the_unread_files():
-    record = file_source_fixture("before-0.2", "unbounded")["position"]
+def test_an_unbounded_position_v1_becomes_a_watermark_that_still_reads_the_unread_files():
+    record = file_source_fixture("v1", "unbounded")["position"]
     upgraded = upgrade_file_source_position(record, bounded=False, max_file_age_ms=HOUR_MS,
                                             listed=unbounded_listing_now, key=base_name, what="files:/in")
     old = {name: ms(t) for name, t in made.UNBOUNDED_READ_FIRST.items() if name != made.UNBOUNDED_DELETED}
@@ -96,8 +96,8 @@ def test_an_unbounded_position_before_0_2_becomes_a_watermark_that_still_reads_t
         "seen_files": {"watermark_ms": None, "horizon_ms": None, "files": {}}}
 
 
-def test_a_bounded_position_before_0_2_becomes_its_listing_and_how_many_of_it_were_read():
-    record = file_source_fixture("before-0.2", "bounded")["position"]
+def test_a_bounded_position_v1_becomes_its_listing_and_how_many_of_it_were_read():
+    record = file_source_fixture("v1", "bounded")["position"]
 
     def not_listed() -> list[tuple[str, int]]:
         raise AssertionError("a bounded position is converted without a listing")
@@ -112,8 +112,8 @@ def test_a_bounded_position_before_0_2_becomes_its_listing_and_how_many_of_it_we
 
 
 @pytest.mark.parametrize("kind", ["unbounded", "bounded"])
-def test_positions_of_0_2_to_this_release_are_today_s_layout_and_read_unchanged(kind):
-    record = file_source_fixture("0.2", kind)["position"]
+def test_positions_written_before_the_version_field_are_today_s_layout_and_read_unchanged(kind):
+    record = file_source_fixture("v2-unmarked", kind)["position"]
 
     def not_listed() -> list[tuple[str, int]]:
         raise AssertionError("today's layout is read without a listing")
@@ -123,16 +123,16 @@ def test_positions_of_0_2_to_this_release_are_today_s_layout_and_read_unchanged(
                                             listed=not_listed, key=base_name, what="files:/in") == record
 
 
-def test_a_batch_logged_before_0_2_gets_its_files_times_as_listed_now():
-    logged = file_source_fixture("before-0.2", "unbounded")["logged"]
+def test_a_batch_logged_v1_gets_its_files_times_as_listed_now():
+    logged = file_source_fixture("v1", "unbounded")["logged"]
     listed = dict(unbounded_listing_now())
     assert file_source_batch_mtimes(logged, listed=unbounded_listing_now, fallback_ms=5) == [
         listed[name] for name in logged["files"]]
     # A file gone since cannot be listed, so it is never read again: the newest time read so far.
     assert file_source_batch_mtimes(logged, listed=list, fallback_ms=5) == [5, 5]
     assert file_source_batch_mtimes(logged, listed=list, fallback_ms=None) == [0, 0]
-    # A batch of 0.2 on names its times: they are used as logged, without a listing.
-    logged = file_source_fixture("0.2", "unbounded")["logged"]
+    # A batch of version 2 names its times: they are used as logged, without a listing.
+    logged = file_source_fixture("v2-unmarked", "unbounded")["logged"]
     assert file_source_batch_mtimes(logged, listed=lambda: [("x", 1)], fallback_ms=5) == logged["mtimes"]
 
 
@@ -145,11 +145,11 @@ def restarted(directory: Path, records: dict[str, Any], **options: Any) -> Any:
     return reader
 
 
-def test_an_unbounded_source_restarts_from_a_checkpoint_before_0_2_reading_each_file_once(tmp_path):
+def test_an_unbounded_source_restarts_from_a_checkpoint_v1_reading_each_file_once(tmp_path):
     files = {**made.UNBOUNDED_READ_FIRST, **made.UNBOUNDED_ARRIVED_LATER}
     del files[made.UNBOUNDED_DELETED]
     materialise(tmp_path, files)
-    records = file_source_fixture("before-0.2", "unbounded", tmp_path)
+    records = file_source_fixture("v1", "unbounded", tmp_path)
     reader = restarted(tmp_path, records)
     assert reader.allocation(2000) == records["logged"]  # replayed as that release logged it
     materialise(tmp_path, {"newer.json": made.T0 + 13 * 3600})
@@ -161,9 +161,9 @@ def test_an_unbounded_source_restarts_from_a_checkpoint_before_0_2_reading_each_
                                               "newer.json": ms(made.T0 + 13 * 3600)}
 
 
-def test_a_bounded_source_restarts_from_a_checkpoint_before_0_2_after_the_files_it_read(tmp_path):
+def test_a_bounded_source_restarts_from_a_checkpoint_v1_after_the_files_it_read(tmp_path):
     materialise(tmp_path, made.BOUNDED_FILES)
-    records = file_source_fixture("before-0.2", "bounded", tmp_path)
+    records = file_source_fixture("v1", "bounded", tmp_path)
     reader = restarted(tmp_path, records, bounded=True, max_files_per_batch=2)
     assert take(reader, 3000) == ["f4.json"]
     assert reader.exhausted()
@@ -172,13 +172,13 @@ def test_a_bounded_source_restarts_from_a_checkpoint_before_0_2_after_the_files_
 
 
 @pytest.mark.parametrize("kind", ["unbounded", "bounded"])
-def test_a_position_of_0_2_restores_as_the_same_position_with_a_version(kind, tmp_path):
+def test_a_position_without_the_version_field_restores_as_the_same_position_with_a_version(kind, tmp_path):
     files = made.BOUNDED_FILES if kind == "bounded" else made.UNBOUNDED_READ_FIRST
     materialise(tmp_path, files)
     # The age that release ran with: a smaller one would forget names at the restart, on purpose.
     options: dict[str, Any] = {"bounded": True, "max_files_per_batch": 2} if kind == "bounded" else {
         "max_file_age": "7 days"}
-    position = file_source_fixture("0.2", kind, tmp_path)["position"]
+    position = file_source_fixture("v2-unmarked", kind, tmp_path)["position"]
     reader = make_reader(tmp_path, opened=False, **options)
     reader.restore(position)
     reader.open()
