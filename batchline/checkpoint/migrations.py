@@ -13,6 +13,8 @@ Sections:
 - Checkpoint files (``checkpoints/checkpoint-*.json``): ``upgrade``, by ``format_version``.
 - File source positions (``inputs[<name>]`` of a checkpoint) and the batches such a source
   logged: ``upgrade_file_source_position``, ``file_source_batch_mtimes``.
+- File sink commit records, of which the sink's first layout kept under the output:
+  ``file_sink_record`` and the names of that layout.
 
 Each conversion has a test that reads data in the older layout (``tests/unit/test_migrations.py``,
 with inputs under ``tests/fixtures/``; whole checkpoints in ``tests/spark/test_checkpoint_migrations.py``).
@@ -32,6 +34,8 @@ __all__ = [
     "upgrade", "MIGRATIONS",
     "FILE_SOURCE_POSITION_VERSION", "file_source_position_version", "upgrade_file_source_position",
     "file_source_batch_mtimes",
+    "FILE_SINK_COMMITS_V1", "FILE_SINK_STAGING_V1", "file_sink_record_name_v1", "file_sink_staging_v1",
+    "file_sink_record",
 ]
 
 logger = logging.getLogger(__name__)
@@ -205,3 +209,43 @@ def file_source_batch_mtimes(record: Mapping[str, Any], *, listed: Callable[[], 
         return [int(modified) for modified in record["mtimes"]]
     times = dict(listed())
     return [times.get(name, fallback_ms or 0) for name in files]
+
+
+# ==================================================================== file sink commit records
+# A file sink's commit record (``sinks.files``) names the staged files of one committed batch
+# (``batch_time``, ``format``, ``staging``: their folder, ``files``). Its layout follows from
+# where it lies; it carries no version.
+#
+# Layout 1 ("releases before 0.2" in the sink's documentation): under the output itself, the
+#     record of batch ``t`` at ``<output>/_batchline/commits/<t, 15 digits>.json``, its
+#     ``staging`` a folder under the output, and whatever a crashed attempt staged under
+#     ``<output>/_staging/<t>``.
+# Layout 2: in the sink's own directory beside the output (``sinks.files.own_location``):
+#     ``<own>/commits/<t>.json``, ``staging`` relative to ``<own>``.
+#
+# A record of layout 1 is still honoured (its batch is not written again; what is missing
+# is published from its staging there, which is then deleted), never written. Test:
+# ``tests/unit/test_migrations.py``, with a record that layout's code wrote
+# (``tests/fixtures/file_sink/v1/``).
+
+FILE_SINK_COMMITS_V1 = "_batchline/commits"
+"""Layout 1's records, relative to the output."""
+FILE_SINK_STAGING_V1 = "_staging"
+"""Layout 1's staged files, relative to the output."""
+
+
+def file_sink_record_name_v1(time_ms: int) -> str:
+    """Where layout 1 kept batch ``time_ms``'s commit record, relative to the output."""
+    return f"{FILE_SINK_COMMITS_V1}/{time_ms:015d}.json"
+
+
+def file_sink_staging_v1(time_ms: int) -> str:
+    """Where layout 1 staged batch ``time_ms``'s files (every attempt's), relative to the output."""
+    return f"{FILE_SINK_STAGING_V1}/{time_ms}"
+
+
+def file_sink_record(record: Mapping[str, Any], *, under_output: bool) -> dict[str, Any]:
+    """A commit record as the sink reads it: as written, with ``under_output`` saying whether it
+    is of layout 1 (found under the output: its ``staging`` is relative to the output, not to
+    the sink's own directory). The mark lives in memory only: a record is never written back."""
+    return {**record, "under_output": under_output}

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from batchline.batch_time import BatchTime
 from batchline.checkpoint import migrations
 from batchline.checkpoint.migrations import (
     FILE_SOURCE_POSITION_VERSION,
@@ -19,8 +21,11 @@ from batchline.checkpoint.migrations import (
     file_source_position_version,
     upgrade_file_source_position,
 )
-from batchline.checkpoint.storage import CorruptFileError
+from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError
 from batchline.errors import CheckpointFormatError
+from batchline.sinks.files import FileSink
+from batchline.sinks.sink import NO_FENCING_TOKEN, BatchContext
+from tests.fixtures import make_file_sink_fixtures as made_sink
 from tests.fixtures import make_file_source_fixtures as made
 from tests.helpers import ROOT
 from tests.unit.test_file_source_age import checkpointed, make_reader, take
@@ -193,3 +198,53 @@ def test_the_migrations_module_imports_nothing_above_the_checkpoint_room():
     imported = {line.split()[1] for line in Path(migrations.__file__).read_text().splitlines()
                 if line.startswith(("from batchline", "import batchline"))}
     assert all(name.startswith(("batchline.checkpoint", "batchline.errors")) for name in imported), imported
+
+
+# ---------------------------------------------------------------- file sink commit records
+def sink_fixture(tmp_path: Path) -> Path:
+    """A copy of the output that the sink's layout 1 left (a restart changes it)."""
+    shutil.copytree(FIXTURES / "file_sink" / "v1" / "out", tmp_path / "out")
+    return tmp_path / "out"
+
+
+def batch(time_ms: int, out: Path) -> BatchContext:
+    return BatchContext(BatchTime(time_ms), f"files:{out}", "batchline", NO_FENCING_TOKEN)
+
+
+def lines(folder: Path) -> list[str]:
+    return sorted(line for path in folder.glob("*.json") for line in path.read_text().splitlines())
+
+
+def test_the_names_of_the_sink_s_layout_1_are_where_its_code_kept_records_and_staging(tmp_path):
+    out = sink_fixture(tmp_path)
+    storage = CheckpointStorage(str(out))
+    for time_ms in (made_sink.PUBLISHED, made_sink.STAGED):
+        record = migrations.file_sink_record(storage.read_sealed(migrations.file_sink_record_name_v1(time_ms)),
+                                             under_output=True)
+        assert record["under_output"] and record["batch_time"] == time_ms and record["format"] == "json"
+        assert record["staging"].startswith(migrations.file_sink_staging_v1(time_ms) + "/")
+    assert (out / migrations.file_sink_staging_v1(made_sink.STAGED)).is_dir()
+    written = {"batch_time": 1, "format": "json", "staging": "staging/1/a", "files": []}
+    assert migrations.file_sink_record(written, under_output=False) == {**written, "under_output": False}
+
+
+def test_a_batch_committed_and_published_under_layout_1_is_not_written_again(tmp_path):
+    out = sink_fixture(tmp_path)
+    before = lines(out / f"batch_time={made_sink.PUBLISHED}")
+    sink = FileSink(str(out), "json")
+    assert sink.is_committed(batch(made_sink.PUBLISHED, out))
+    assert lines(out / f"batch_time={made_sink.PUBLISHED}") == before and len(before) == len(made_sink.ROWS)
+    assert not (tmp_path / ".out.batchline" / "commits").exists()  # nothing written of the new layout
+
+
+def test_a_batch_committed_but_not_published_under_layout_1_is_published_from_its_staging_there(tmp_path):
+    out = sink_fixture(tmp_path)
+    staged = lines(next((out / migrations.file_sink_staging_v1(made_sink.STAGED)).iterdir()))
+    sink = FileSink(str(out), "json")
+    assert sink.last_commit() == {"path": str(out), "batch_time": made_sink.STAGED,
+                                  "record": str(out / migrations.file_sink_record_name_v1(made_sink.STAGED))}
+    assert sink.is_committed(batch(made_sink.STAGED, out))
+    assert lines(out / f"batch_time={made_sink.STAGED}") == staged and len(staged) == len(made_sink.ROWS)
+    assert not (out / migrations.file_sink_staging_v1(made_sink.STAGED)).exists()  # its staging dropped there
+    assert (out / migrations.file_sink_record_name_v1(made_sink.STAGED)).exists()  # the record stays, as it was
+    assert not sink.is_committed(batch(made_sink.STAGED + 1000, out))
