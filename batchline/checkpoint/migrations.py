@@ -15,6 +15,8 @@ Sections:
   logged: ``upgrade_file_source_position``, ``file_source_batch_mtimes``.
 - File sink commit records, of which the sink's first layout kept under the output:
   ``file_sink_record`` and the names of that layout.
+- Older layouts read without a conversion (nothing to convert: what they lack cannot be
+  made up, and the reader does without it): listed at the end, with where they are read.
 
 Each conversion has a test that reads data in the older layout (``tests/unit/test_migrations.py``,
 with inputs under ``tests/fixtures/``; whole checkpoints in ``tests/spark/test_checkpoint_migrations.py``).
@@ -249,3 +251,21 @@ def file_sink_record(record: Mapping[str, Any], *, under_output: bool) -> dict[s
     is of layout 1 (found under the output: its ``staging`` is relative to the output, not to
     the sink's own directory). The mark lives in memory only: a record is never written back."""
     return {**record, "under_output": under_output}
+
+
+# ==================================================================== read without a conversion
+# These older layouts lack a piece of information that cannot be computed from them; there is
+# nothing to convert, and each reader does without it where it reads the file:
+#
+# - A partition's finish record in the job event log (``events/<t>/finished-*.json``,
+#   ``checkpoint.events.PartitionFinished``) written before tasks reported what each
+#   partition holds after a batch: its ``stats`` lack ``partitions_after``. A stateful
+#   operator that keeps such a partition on a restart does not know every partition's facts
+#   (timers, keys), so it runs its next batches whole until it has learnt them again
+#   (``state.stateful``, ``_facts_after``); ``state.contract.Stats.from_json`` reads any
+#   other field such a record lacks as nothing.
+# - A job event log that its writer kept without ``events/_purged.json``: the first purge
+#   lists the folder to find where to start (``checkpoint.events.JobEventStore.purge_before``),
+#   as it does when that record is unreadable.
+# - A lease file (``_lease.json``) written before it held ``acquired_at_ms`` and
+#   ``renewed_at_ms``: they read as None, unknown (``checkpoint.lease.LeaseRecord``).
