@@ -269,3 +269,7 @@ def file_sink_record(record: Mapping[str, Any], *, under_output: bool) -> dict[s
 #   as it does when that record is unreadable.
 # - A lease file (``_lease.json``) written before it held ``acquired_at_ms`` and
 #   ``renewed_at_ms``: they read as None, unknown (``checkpoint.lease.LeaseRecord``).
+#
+# Tests: ``tests/unit/test_migrations.py`` reads a finish record and a lease file the older code
+# wrote (``tests/fixtures/records/``); ``tests/unit/test_event_compaction.py`` purges a log
+# without its purge record.

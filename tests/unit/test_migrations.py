@@ -9,12 +9,15 @@ import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from batchline.batch_time import BatchTime
 from batchline.checkpoint import migrations
+from batchline.checkpoint.events import PartitionFinished
+from batchline.checkpoint.lease import LEASE_FILE, Lease
 from batchline.checkpoint.migrations import (
     FILE_SOURCE_POSITION_VERSION,
     file_source_batch_mtimes,
@@ -22,9 +25,12 @@ from batchline.checkpoint.migrations import (
     upgrade_file_source_position,
 )
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError
+from batchline.clock import ManualClock
 from batchline.errors import CheckpointFormatError
 from batchline.sinks.files import FileSink
 from batchline.sinks.sink import NO_FENCING_TOKEN, BatchContext
+from batchline.state.contract import PartitionFacts, Stats
+from batchline.state.stateful import StatefulRuntime
 from tests.fixtures import make_file_sink_fixtures as made_sink
 from tests.fixtures import make_file_source_fixtures as made
 from tests.helpers import ROOT
@@ -248,3 +254,31 @@ def test_a_batch_committed_but_not_published_under_layout_1_is_published_from_it
     assert not (out / migrations.file_sink_staging_v1(made_sink.STAGED)).exists()  # its staging dropped there
     assert (out / migrations.file_sink_record_name_v1(made_sink.STAGED)).exists()  # the record stays, as it was
     assert not sink.is_committed(batch(made_sink.STAGED + 1000, out))
+
+
+# ---------------------------------------------------------------- read without a conversion
+def test_a_lease_written_before_it_held_its_times_reads_them_as_unknown_and_is_taken_over(tmp_path):
+    shutil.copy(FIXTURES / "records" / "lease-v1" / LEASE_FILE, tmp_path / LEASE_FILE)
+    lease = Lease(CheckpointStorage(str(tmp_path)), ManualClock(20_000))
+    record = lease.read()
+    assert record is not None and record.released and record.token == 1
+    assert (record.acquired_at_ms, record.renewed_at_ms) == (None, None)
+    assert lease.acquire() == 2
+    lease.release()
+
+
+def test_a_finish_record_written_before_partitions_reported_their_facts_makes_the_operator_learn_them_again():
+    payload = json.loads((FIXTURES / "records" / "finish-v1" / "finished.json").read_text())
+    record = PartitionFinished.from_json(payload)
+    stats = Stats.from_json(record.stats)
+    assert (stats.rows, stats.state_keys, stats.partitions) == (4, 2, 1 << record.partition)
+    assert stats.partitions_after == {} and stats.input_max_event_time_ms == {} and stats.warnings == ()
+    # The operator kept partition 1 from that record and ran partition 0: it does not know
+    # partition 1's facts, so it knows none until a batch runs whole.
+    ran_now = Stats(partitions=1, partitions_after={0: PartitionFacts(3, 68, None)})
+    operator = SimpleNamespace(_drained=set(), _facts={0: PartitionFacts(3, 68, None), 1: PartitionFacts(2, 46, None)})
+    assert StatefulRuntime._facts_after(operator, frozenset({0, 1}), ran_now.merge(stats)) is None
+    # With a record of today's layout it knows both.
+    today = Stats.from_json({**record.stats, "partitions_after": {"1": [2, 46, None]}})
+    assert StatefulRuntime._facts_after(operator, frozenset({0, 1}), ran_now.merge(today)) == {
+        0: PartitionFacts(3, 68, None), 1: PartitionFacts(2, 46, None)}
