@@ -1,9 +1,12 @@
-"""Every conversion of data written in an older format, in one place, a section per kind of file.
+"""Every conversion of checkpoint data written in an older format, in one place, a section per
+kind of file: the checkpoint files, the positions and batch log records of sources, the
+commit records of sinks.
 
-A reader asks what it reads for its version first and converts an older one here; no other
-module carries knowledge of an older layout. A version this release does not know (a newer
-release wrote it) is refused, not guessed at: a restart from it could run batches again that
-a newer driver already committed.
+A reader asks what it reads for its version first and converts an older one here, so the
+sources and sinks carry no knowledge of an older layout. A version this release does not know
+(a newer release wrote it) is refused, not guessed at: a restart from it could run batches
+again that a newer driver already committed. (The state store's own files, which carry their
+layouts in typed headers and metadata, are read by ``batchline.state``.)
 
 Conversions that need to look at live data (a directory listing) take it as an argument, so
 this module depends on nothing above ``checkpoint`` and sources, sinks and state can all use it.
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
 from typing import Any
 
 from batchline.checkpoint.model import FORMAT_VERSION
@@ -191,9 +195,11 @@ def _seen_files_from_names(seen: list[str], max_file_age_ms: int, listed: Callab
     if watermark is not None:
         horizon = min([watermark - max_file_age_ms, *unread_times])
         files = {name: modified for name, modified in files.items() if modified >= horizon}
-    logger.info("Input %s: converted the checkpoint's %d names of files read to a watermark at %s ms with the %d "
+    logger.info("Input %s: converted the checkpoint's %d names of files read to a watermark at %s with the %d "
                 "files modified within max_file_age of it (names no longer listed are dropped: they cannot be "
-                "listed, so they are not read again)", what, len(seen), watermark, len(files))
+                "listed, so they are not read again)", what, len(seen),
+                "(none)" if watermark is None else datetime.fromtimestamp(watermark / 1000, UTC).isoformat(),
+                len(files))
     return {"watermark_ms": watermark, "horizon_ms": horizon, "files": files}
 
 

@@ -275,7 +275,7 @@ class FileSource(Source):
 
     # ---------------------------------------------------------------- the checkpoint and the batch log
     def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
-        # "v" tells this layout from the one before 0.2 (see checkpoint.migrations).
+        # "v" tells this layout from the one before max_file_age (see checkpoint.migrations).
         version = migrations.FILE_SOURCE_POSITION_VERSION
         if self.bounded and end_of_input is not None:
             _, encoded = self._index(end_of_input["listing"])
@@ -301,7 +301,8 @@ class FileSource(Source):
             # unread file older than that is still to be read): kept until the first batch.
             return self._remembered(SeenFiles.from_json(record["seen_files"], self.max_file_age_ms,
                                                         purge=not older)), None
-        return self._remembered(SeenFiles(self.max_file_age_ms)), None  # a bounded source's position
+        # A bounded source's position, read by this unbounded one: nothing remembered.
+        return self._remembered(SeenFiles(self.max_file_age_ms)), None
 
     def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
         record: dict[str, Any] = {"files": [split["file"] for split in batch.splits]}
