@@ -128,7 +128,7 @@ def file_source_position_version(record: Mapping[str, Any], what: str) -> int:
     if version is None:
         # Written before positions carried a version: version 2's keys, else version 1.
         return 2 if "seen_files" in record or "taken" in record else 1
-    if not isinstance(version, int) or version < 1:
+    if isinstance(version, bool) or not isinstance(version, int) or version < 1:
         raise CorruptFileError(
             f"the position of {what} in the checkpoint has no valid version ({version!r}); restore the checkpoint "
             "from a backup, or delete the checkpoint location to start the pipeline afresh")

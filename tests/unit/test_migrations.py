@@ -83,6 +83,8 @@ def test_a_file_source_position_s_version_is_read_from_the_record_or_from_the_ke
         file_source_position_version({"v": 3, "seen_files": {}}, "files:/in")
     with pytest.raises(CorruptFileError, match="no valid version .* restore the checkpoint from a backup"):
         file_source_position_version({"v": "2"}, "files:/in")
+    with pytest.raises(CorruptFileError, match="no valid version"):
+        file_source_position_version({"v": True, "seen_files": {}}, "files:/in")
 
 
 def test_an_unbounded_position_v1_becomes_a_watermark_that_still_reads_the_unread_files():
