@@ -184,7 +184,8 @@ def _old_format_source(storage: CheckpointStorage, folder: Path, files_read: int
         remembered = payload["inputs"][SOURCE].pop("seen_files")["files"]
         read = [str(folder / base) for base in remembered]
         archived = [f"{folder}/archived-{i:07d}.json" for i in range(max(0, files_read - len(read)))]
-        payload["inputs"][SOURCE]["seen"] = archived + read
+        # That release's position carried no version field: the version it writes goes too.
+        payload["inputs"][SOURCE] = {"seen": archived + read}
         storage.replace(name, seal(payload))
     return checkpoint.zero_time
 

@@ -21,7 +21,8 @@ files appear one by one. So the sink writes the files itself, in three stages (o
 Nothing of the sink's own is under the output, so no reader meets a staged file, not even
 one that globs ``out/**/*.parquet`` (DuckDB) and does not skip ``_`` or ``.`` names; every
 visible file is complete and committed. Records and staging that releases before 0.2 kept
-under the output (``_batchline/commits``, ``_staging``) are still honoured, never written.
+under the output (``_batchline/commits``, ``_staging``) are still honoured, never written:
+that layout is known to ``checkpoint.migrations`` only.
 
 Writing a batch again (the engine re-runs a batch with the same data after a crash) looks
 for the record first: with a record, what is missing is published from the staging and
@@ -64,6 +65,7 @@ from fsspec.implementations.local import LocalFileSystem
 from pyspark.sql import DataFrame
 
 from batchline.batch_time import BatchTime
+from batchline.checkpoint import migrations
 from batchline.checkpoint.storage import CheckpointStorage, CorruptFileError, fsync_path, seal
 from batchline.errors import ConfigurationError, SinkError
 from batchline.sinks.exactly_once import ExactlyOnceSink, WriteAttempt
@@ -82,9 +84,6 @@ COMPACTED_RECORD = f"{COMMITS_DIR}/_compacted.json"
 DEFAULT_KEEP_COMMITS = 1000
 COMPACT_EVERY = 100
 """Commits of a run between two compactions: a compaction lists the commit records once."""
-LEGACY_STAGING_DIR = "_staging"
-LEGACY_COMMITS_DIR = "_batchline/commits"
-"""Where releases before 0.2 kept them, under the output: still honoured, never written."""
 PARQUET_COMPRESSIONS = ("snappy", "gzip", "zstd", "brotli", "lz4", "none")
 # Test hook for the crash tests (one variable, read in _test_kill_point only): the commit
 # SIGKILLs its own process at the named point, "before-record" or "after-record:<files published>".
@@ -140,13 +139,13 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         last = self.newest_commit
         if last is None:
             # Bounded: compaction leaves about keep_commits records.
-            names = self._own.list_names(COMMITS_DIR) + self._storage.list_names(LEGACY_COMMITS_DIR)
+            names = self._own.list_names(COMMITS_DIR) + self._storage.list_names(migrations.FILE_SINK_COMMITS_V1)
             last = max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=None)
         record = None
         if last is not None:
-            legacy = not self._own.exists(_record_name(last)) and self._storage.exists(_legacy_record_name(last))
-            record = (self._storage.full_url(_legacy_record_name(last)) if legacy
-                      else self._own.full_url(_record_name(last)))
+            under_output = (not self._own.exists(_record_name(last))
+                            and self._storage.exists(migrations.file_sink_record_name_v1(last)))
+            record = self._record_url(last, under_output)
         return {"path": self.path, "batch_time": last, "record": record}
 
     def write(self, df: DataFrame, batch: BatchContext | int) -> None:
@@ -182,7 +181,7 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                     batch.batch_time, self.path)
         try:
             self._publish(time_ms, record, fresh=False)
-            self._drop_staging(time_ms, legacy=bool(record.get("legacy")))
+            self._drop_staging(time_ms, under_output=bool(record.get("under_output")))
             self.note_committed(time_ms)
         except OSError as error:
             raise SinkError(
@@ -329,8 +328,8 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         return self._compacted_through
 
     def _read_record(self, time_ms: int) -> dict[str, Any] | None:
-        """The batch's commit record, in the sink's own directory or (written by a release
-        before 0.2) under the output, marked ``legacy`` then; ``{"compacted": True}`` for a
+        """The batch's commit record, in the sink's own directory or (layout 1, see
+        ``checkpoint.migrations``) under the output, marked ``under_output``; ``{"compacted": True}`` for a
         batch at or before the snapshot's ``through_ms`` whose record was compacted away."""
         record = self._find_record(time_ms)
         if record is None:
@@ -340,7 +339,8 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         return record
 
     def _find_record(self, time_ms: int) -> dict[str, Any] | None:
-        for storage, name in ((self._own, _record_name(time_ms)), (self._storage, _legacy_record_name(time_ms))):
+        for storage, name in ((self._own, _record_name(time_ms)),
+                              (self._storage, migrations.file_sink_record_name_v1(time_ms))):
             if not storage.exists(name):
                 continue
             try:
@@ -362,12 +362,12 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                                storage.full_url(name), time_ms, error, target)
                 storage.delete(name)
                 return None
-            return {**record, "legacy": storage is self._storage}
+            return migrations.file_sink_record(record, under_output=storage is self._storage)
         return None
 
     def _home(self, record: dict[str, Any]) -> CheckpointStorage:
         """Where a record's staged files are."""
-        return self._storage if record.get("legacy") else self._own
+        return self._storage if record.get("under_output") else self._own
 
     def _publish(self, time_ms: int, record: dict[str, Any], fresh: bool) -> None:
         staged_dir, files = record["staging"], [entry["file"] for entry in record["files"]]
@@ -403,8 +403,7 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                      len(files), published)
 
     def _lost(self, time_ms: int, record: dict[str, Any], target: str) -> SinkError:
-        name = (self._storage.full_url(_legacy_record_name(time_ms)) if record.get("legacy")
-                else self._own.full_url(_record_name(time_ms)))
+        name = self._record_url(time_ms, bool(record.get("under_output")))
         staged = self._home(record).full_url(record["staging"])
         return SinkError(
             f"batch {time_ms} is committed ({name}) but its staged files under {staged} are gone, so "
@@ -412,10 +411,16 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
             f"{self._storage.full_url(target)} so that the next run writes the batch again"
         )
 
-    def _drop_staging(self, time_ms: int, legacy: bool = False) -> None:
+    def _record_url(self, time_ms: int, under_output: bool) -> str:
+        """Where batch ``time_ms``'s commit record lies: under the output in layout 1."""
+        if under_output:
+            return self._storage.full_url(migrations.file_sink_record_name_v1(time_ms))
+        return self._own.full_url(_record_name(time_ms))
+
+    def _drop_staging(self, time_ms: int, under_output: bool = False) -> None:
         self._own.delete(f"{STAGING_DIR}/{time_ms}", recursive=True)
-        if legacy:
-            self._storage.delete(f"{LEGACY_STAGING_DIR}/{time_ms}", recursive=True)
+        if under_output:
+            self._storage.delete(migrations.file_sink_staging_v1(time_ms), recursive=True)
 
 
 def own_location(path: str) -> str:
@@ -433,10 +438,6 @@ def own_location(path: str) -> str:
 
 def _record_name(time_ms: int) -> str:
     return f"{COMMITS_DIR}/{time_ms:015d}.json"
-
-
-def _legacy_record_name(time_ms: int) -> str:
-    return f"{LEGACY_COMMITS_DIR}/{time_ms:015d}.json"
 
 
 def _target(time_ms: int) -> str:

@@ -29,6 +29,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.types import StringType, StructField, StructType
 
 from batchline.batch_time import format_batch_time
+from batchline.checkpoint import migrations
 from batchline.checkpoint.storage import RawJson
 from batchline.durations import parse_duration_ms
 from batchline.errors import ConfigurationError, SourceError
@@ -244,10 +245,8 @@ class FileSource(Source):
                     _age(self.max_file_age_ms))
         self._known_old = old
 
-    def _after(self, seen: SeenFiles, files: list[str], mtimes: list[int] | None) -> Position:
+    def _after(self, seen: SeenFiles, files: list[str], mtimes: list[int]) -> Position:
         """The position past a batch's files (``seen`` moved on)."""
-        if mtimes is None:  # logged by a release before max_file_age: look the times up
-            mtimes = self._times_now(files, seen)
         for name, modified in zip(files, mtimes, strict=True):
             seen.add(self._key(name), modified)
         forgotten = seen.purge()
@@ -274,56 +273,36 @@ class FileSource(Source):
                 listed.append((str(entry["name"]), modified))
         return sorted(listed)
 
-    def _times_now(self, files: list[str], seen: SeenFiles) -> list[int]:
-        """The files' modification times as listed now; a file gone from the path gets the
-        newest time read so far (it cannot be listed, so it is never read again anyway)."""
-        listed = dict(self._list(settled_before=None))
-        fallback = seen.watermark_ms or 0
-        return [listed.get(name, fallback) for name in files]
-
     # ---------------------------------------------------------------- the checkpoint and the batch log
     def checkpoint_position(self, position: Position | None, end_of_input: Position | None) -> dict[str, Any]:
+        # "v" tells this layout from the one before max_file_age (see checkpoint.migrations).
+        version = migrations.FILE_SOURCE_POSITION_VERSION
         if self.bounded and end_of_input is not None:
             _, encoded = self._index(end_of_input["listing"])
-            return {"listing": RawJson(encoded), "taken": int(position["taken"]) if position else 0}
+            return {"v": version, "listing": RawJson(encoded), "taken": int(position["taken"]) if position else 0}
         if position is None or "seen_files" not in position:
-            return {"seen_files": SeenFiles(self.max_file_age_ms).to_json()}
-        return {"seen_files": position["seen_files"]}
+            return {"v": version, "seen_files": SeenFiles(self.max_file_age_ms).to_json()}
+        return {"v": version, "seen_files": position["seen_files"]}
 
     def restore_position(self, record: Mapping[str, Any]) -> tuple[Position | None, Position | None]:
         self._known_old = None
+        older = migrations.file_source_position_version(record, self.name) < migrations.FILE_SOURCE_POSITION_VERSION
+        record = migrations.upgrade_file_source_position(
+            record, bounded=self.bounded, max_file_age_ms=self.max_file_age_ms,
+            listed=lambda: self._list(settled_before=None), key=self._key, what=self.name)
         if self.bounded and "listing" in record:
             listing = sorted(record["listing"])
             self._index(listing)
-            taken = int(record["taken"]) if "taken" in record else _legacy_taken(record, listing)
-            return {"taken": taken}, {"listing": listing}
+            return {"taken": int(record["taken"])}, {"listing": listing}
         if self.bounded:  # written before its listing was made: the listing is made at open
             return {"taken": 0}, None
         if "seen_files" in record:
-            return self._remembered(SeenFiles.from_json(record["seen_files"], self.max_file_age_ms)), None
-        return self._remembered(self._restore_legacy(list(record.get("seen", ())))), None
-
-    def _restore_legacy(self, seen: list[str]) -> SeenFiles:
-        """Convert a checkpoint of a release before max_file_age, which names every file ever
-        read, without reading any file twice or skipping one that release would have read: the
-        watermark is the newest time among the named files still present, and the horizon is
-        ``watermark - max_file_age``, or earlier when an unread file is older than that."""
-        listed = self._list(settled_before=None)
-        read = {self._key(name) for name in seen}
-        restored = SeenFiles(self.max_file_age_ms)
-        unread_times = []
-        for name, modified in listed:
-            if self._key(name) in read:
-                restored.add(self._key(name), modified)
-            else:
-                unread_times.append(modified)
-        if restored.watermark_ms is not None:
-            restored.start_at(min([restored.watermark_ms - self.max_file_age_ms, *unread_times]))
-        logger.info("Input %s: converted the checkpoint's %d names of files read to a watermark at %s with the %d "
-                    "files modified within max_file_age=%s of it (names no longer under %s are dropped: they "
-                    "cannot be listed, so they are not read again)", self.name, len(seen),
-                    _when(restored.watermark_ms), len(restored), _age(self.max_file_age_ms), self.path)
-        return restored
+            # A converted record's horizon may lie below watermark - max_file_age on purpose (an
+            # unread file older than that is still to be read): kept until the first batch.
+            return self._remembered(SeenFiles.from_json(record["seen_files"], self.max_file_age_ms,
+                                                        purge=not older)), None
+        # A bounded source's position, read by this unbounded one: nothing remembered.
+        return self._remembered(SeenFiles(self.max_file_age_ms)), None
 
     def log_batch(self, batch: SourceBatch) -> dict[str, Any]:
         record: dict[str, Any] = {"files": [split["file"] for split in batch.splits]}
@@ -341,7 +320,12 @@ class FileSource(Source):
             index = self._listing[1] if self._listing is not None else {}
             taken = max([int(position["taken"]), *(index[name] + 1 for name in files if name in index)])
             return self._batch(position, {"taken": taken}, files, times)
-        return self._batch(position, self._after(self._seen_at(position), files, times), files, times)
+        seen = self._seen_at(position)
+        # Times looked up now for a batch logged without them (see checkpoint.migrations); its
+        # files stay as logged, so the allocation reads back as it was.
+        mtimes = migrations.file_source_batch_mtimes(record, listed=lambda: self._list(settled_before=None),
+                                                     fallback_ms=seen.watermark_ms)
+        return self._batch(position, self._after(seen, files, mtimes), files, times)
 
     # ---------------------------------------------------------------- reading
     def frame(self, spark: SparkSession, batch: SourceBatch) -> DataFrame:
@@ -376,13 +360,6 @@ class FileSource(Source):
 _FIRST_LINE_LIMIT = 64 * 1024
 """How much of a file's first line names its fields for a warning: a long line is cut (and then
 not parsed); enough for any record whose keys are worth listing."""
-
-
-def _legacy_taken(record: Mapping[str, Any], listing: list[str]) -> int:
-    """A bounded source's position in a checkpoint of a release before max_file_age: the
-    names it had read, always the first ones of its listing."""
-    seen = set(record.get("seen", ()))
-    return next((index for index, name in enumerate(listing) if name not in seen), len(listing))
 
 
 def _when(ms: int | None) -> str:

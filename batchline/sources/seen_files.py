@@ -101,7 +101,7 @@ class SeenFiles:
 
     def start_at(self, horizon_ms: int) -> list[str]:
         """Put the horizon at ``horizon_ms`` and forget the names of files modified before it
-        (a checkpoint of an older release is converted with a horizon of its own choosing)."""
+        (a checkpoint converted from an older layout may keep a lower one until its first batch)."""
         self.horizon_ms = horizon = horizon_ms
         forgotten: list[str] = []
         while self._expiry and self._expiry[0][0] < horizon:
@@ -116,11 +116,14 @@ class SeenFiles:
         return {"watermark_ms": self.watermark_ms, "horizon_ms": self.horizon_ms, "files": dict(self.files)}
 
     @classmethod
-    def from_json(cls, payload: dict[str, Any], max_age_ms: int) -> SeenFiles:
+    def from_json(cls, payload: dict[str, Any], max_age_ms: int, purge: bool = True) -> SeenFiles:
+        """The files remembered in ``payload``; without ``purge`` its horizon is kept as it is
+        until the next batch (one converted from an older checkpoint chose it)."""
         files = {str(name): int(t) for name, t in dict(payload.get("files", {})).items()}
         seen = cls(max_age_ms, files, _optional_int(payload.get("watermark_ms")),
                    _optional_int(payload.get("horizon_ms")))
-        seen.purge()  # a smaller max_file_age than the last run's takes effect at once
+        if purge:
+            seen.purge()  # a smaller max_file_age than the last run's takes effect at once
         return seen
 
 

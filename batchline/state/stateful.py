@@ -695,7 +695,7 @@ class StatefulRuntime(StreamRuntime):
         """The driver's view once the batch is committed: the partitions that ran as they
         reported; the others as they were (a drained partition reports nothing and fires nothing)."""
         if any(p not in stats.partitions_after for p in ran - self._drained):
-            return None  # a kept partition's finish record from an older release: learn again
+            return None  # a kept partition's finish record without its facts (see checkpoint.migrations): learn again
         facts = {p: f for p, f in (self._facts or {}).items() if p not in ran}
         facts.update(stats.partitions_after)
         return facts
