@@ -1,14 +1,14 @@
 """batchline: fault-tolerant, stateful micro-batch stream processing on Apache Spark.
 
-Names are imported when first used, so that a Spark worker that unpickles a task of
-batchline's (the state tasks, a sink's writes) imports only what the task needs, not the whole
-API and pandas: a cold worker's first task starts seconds sooner.
+Names are imported when first used (``batchline.lazy_names``): a Spark worker that unpickles
+a task of batchline's imports only what the task needs.
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from batchline.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from batchline.api.context import ContextState, StreamingContext
@@ -116,16 +116,4 @@ __all__ = [
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported on first use (PEP 562)."""
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(where[0])
-    value = module if where[1] == "" else getattr(module, where[1])
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, __all__)

@@ -1,13 +1,14 @@
 """Per-key state (SPEC D): GroupState, the operator, its versioned store, offline access
 (reading, rescaling and writing state), and a tester that runs a state function without Spark.
 
-Names are imported when first used (see batchline/__init__.py).
+Names are imported when first used (``batchline.lazy_names``).
 """
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from batchline.lazy_names import lazy_names
 
 if TYPE_CHECKING:
     from batchline.state.admin import (
@@ -70,16 +71,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> Any:
-    """A public name, imported on first use (PEP 562)."""
-    where = _WHERE.get(name)
-    if where is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    module = importlib.import_module(where[0])
-    value = module if where[1] == "" else getattr(module, where[1])
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted(__all__)
+__getattr__, __dir__ = lazy_names(__name__, _WHERE, __all__)
