@@ -212,11 +212,10 @@ def file_source_batch_mtimes(record: Mapping[str, Any], *, listed: Callable[[], 
     gets ``fallback_ms`` (the newest time read so far; 0 without one), as it cannot be listed,
     so it is never read again anyway.
     """
-    files = [str(name) for name in record["files"]]
     if record.get("mtimes") is not None:
         return [int(modified) for modified in record["mtimes"]]
     times = dict(listed())
-    return [times.get(name, fallback_ms or 0) for name in files]
+    return [times.get(str(name), fallback_ms or 0) for name in record["files"]]
 
 
 # ==================================================================== file sink commit records
