@@ -29,6 +29,8 @@ from typing import Any
 
 ENV = "BENCH_WINDOWS_PROFILE"
 """Set to a directory, the batchline side of ``windows_run`` profiles into it."""
+EVENTS_ONLY = "BENCH_WINDOWS_EVENTS_ONLY"
+"""Set (to anything), only Spark's event log is written: the tasks run as measured."""
 
 # The Python functions whose cumulative time the summary names (file suffix, function).
 PARTS = {
@@ -62,7 +64,8 @@ def install(directory: Path) -> dict[str, str]:
     def spark_task(*args: Any, **kwargs: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
         return profiled(original(*args, **kwargs), str(directory / "tasks"))
 
-    operator.spark_task = spark_task  # type: ignore[assignment]
+    if not os.environ.get(EVENTS_ONLY):
+        operator.spark_task = spark_task  # type: ignore[assignment]
     return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": (directory / "events").as_uri(),
             "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
 

@@ -251,7 +251,7 @@ class PipelineRun:
         settings = self.settings
         env = RuntimeEnv(self.spark, self.clock, settings.batch_interval_ms, self.input_info, self.receiver_tracker,
                          self.checkpoints, self.graph.consumed(), self.graph.input_readers(),
-                         self.graph.read_by_one_output())
+                         self.graph.read_by_one_output(), self.graph.read_in_one_pass())
         self.pipeline = PipelineRuntime(self.graph, env)
         commit = self.commit = BatchCommit(self.pipeline, self.checkpoints, self.clock, self._pipeline_finished)
         self.lifecycle.facts = _Facts(self)

@@ -108,6 +108,8 @@ class ExactlyOnceSink(Sink, Generic[Message]):
     a ``PendingCommit``), or runs before ``write`` returns (another output of the batch may
     then still fail; the batch's re-run finds it committed)."""
 
+    evaluates_once = True  # Step 3 is the one pass; ``prepare`` looks at the columns only
+
     _newest_commit: int | None = None
 
     # ---------------------------------------------------------------- what a sink writes

@@ -119,6 +119,12 @@ class Sink(ABC):
     """Whether ``write`` reads every row of the DataFrame. An input's counts come from the
     first job that does; a sink that reads only some (``console``'s ``show``) says False."""
 
+    evaluates_once: ClassVar[bool] = False
+    """Whether ``write`` evaluates the DataFrame in one pass (one Spark job, each partition
+    read once). A stateful operator that only such a sink reads hands its rows straight to
+    the write; otherwise Spark caches them, so that a second pass does not run the operator
+    again (it would be correct, reading back each partition's recorded output, but slower)."""
+
     needs_checkpoint: ClassVar[bool] = True
     """Whether the pipeline must have a checkpoint location to write here. Without one, every
     run starts from the beginning of its inputs and writes again what an earlier run wrote

@@ -11,14 +11,13 @@ import functools
 import json
 import logging
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark import StorageLevel
 from pyspark.accumulators import Accumulator, AccumulatorParam
-from pyspark.sql import Column, DataFrame, Observation, SparkSession
+from pyspark.sql import Column, DataFrame, Observation
 from pyspark.sql import functions as F
 from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.types import StringType, StructField, StructType
@@ -33,6 +32,7 @@ from batchline.spark import forget_accumulator, observe_last_attempts
 from batchline.state.schema import as_struct
 from batchline.streams import InputNode, InputRuntime, Readers, RuntimeEnv, StreamRuntime
 from batchline.streams.base import ArrowFunction
+from batchline.streams.handover import ArrowHandover
 
 __all__ = ["SourceInput", "SourceReader"]
 
@@ -271,7 +271,7 @@ class SourceReader(InputRuntime, DeadLetterReader):
         if previous is not None:
             forget_accumulator(previous)  # a re-run of the batch counts afresh
         self._direct[batch_time] = tally
-        arrow = _ArrowSettings.of(self.env.spark, self.node.schema)
+        arrow = ArrowHandover.of(self.env.spark, _with_dead_letter_columns(self.node.schema))
         return self._over_splits(batch, direct_task(self.source, list(batch.splits), arrow, fn, tally), schema)
 
     def _rows(self, batch_time: int, batch: SourceBatch) -> DataFrame:
@@ -419,27 +419,7 @@ class _TallyParam(AccumulatorParam[Tally]):
         return a
 
 
-@dataclass(frozen=True)
-class _ArrowSettings:
-    """How Spark would hand a ``mapInArrow`` function the input's rows: the schema with the
-    session's time zone and string types, at most ``max_rows`` rows a batch."""
-
-    schema: pa.Schema
-    """The source's columns, then the raw record and the reason of dead letters."""
-    max_rows: int
-
-    @classmethod
-    def of(cls, spark: SparkSession, schema: StructType) -> _ArrowSettings:
-        conf = spark.conf
-        arrow = to_arrow_schema(_with_dead_letter_columns(schema),
-                                timezone=conf.get("spark.sql.session.timeZone", "UTC"),
-                                prefers_large_types=conf.get("spark.sql.execution.arrow.useLargeVarTypes",
-                                                             "false") == "true")
-        max_rows = int(conf.get("spark.sql.execution.arrow.maxRecordsPerBatch", "10000") or 10000)
-        return cls(arrow, max_rows if max_rows > 0 else 2**31)
-
-
-def direct_task(source: Source, splits: list[Split], arrow: _ArrowSettings, fn: ArrowFunction,
+def direct_task(source: Source, splits: list[Split], arrow: ArrowHandover, fn: ArrowFunction,
                 tally: Accumulator[Tally]) -> ArrowFunction:
     """The function each task of a directly written batch runs: its splits read by
     ``source.read`` and handed to ``fn`` (one call for the partition, as ``mapInArrow``

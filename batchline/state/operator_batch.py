@@ -12,9 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from pyspark.accumulators import Accumulator
+from pyspark.sql import DataFrame
 
 from batchline.scheduler.progress import StateOperatorProgress
 from batchline.state.contract import BatchParams, PartitionFacts, Stats
+from batchline.streams.base import ArrowFunction
 
 __all__ = ["OperatorBatch", "Started"]
 
@@ -45,6 +47,9 @@ class OperatorBatch:
     """No row came and no timer was due: no job ran, no version was written (SPEC E6)."""
     stats: Accumulator[Stats] | None = None
     """What its tasks report, as they run (made with its DataFrame)."""
+    tasks: tuple[DataFrame, ArrowFunction] | None = None
+    """The rows shuffled to the state partitions and the function of its tasks, when its only
+    output reads its rows in one pass: the output's function runs in those tasks."""
     started: Started | None = None
     """Its parameters are published and its tasks run inside its output's job; the completion
     job takes them on."""

@@ -28,9 +28,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+import pyarrow as pa
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
@@ -61,7 +62,8 @@ from batchline.state.placement import StateShuffle, placement
 from batchline.state.schema import RowSchema
 from batchline.state.store import DELTA, OUTPUT, STATE_DIR, FileStateStore, StateMetadata, StateStore
 from batchline.streams import RuntimeEnv, StreamNode, StreamRuntime
-from batchline.streams.base import Watermark, lowest_watermark
+from batchline.streams.base import ArrowFunction, Watermark, lowest_watermark
+from batchline.streams.handover import ArrowHandover
 from batchline.streams.nodes import WatermarkRuntime
 
 __all__ = ["StatefulNode", "StatefulRuntime"]
@@ -231,6 +233,12 @@ class StatefulRuntime(StreamRuntime):
         self._in_output_job = InOutputJob(self) if node.node_id in env.read_by_one_output else None
         """Only one output reads the operator, directly: the batch runs inside that output's job
         (one Spark job fewer, and no pass over the persisted output), completed by a finish job."""
+        self._handover: ArrowHandover | None = None
+        """How the batch's rows reach its output's function in the state tasks (``map_in_arrow``)."""
+        self._cache_rows = node.node_id not in env.read_in_one_pass
+        """Whether a batch's rows out are cached: unless its only output reads them in one pass.
+        A second pass runs the tasks again, which read back their partitions' recorded output:
+        the cache saves time, not correctness."""
 
     # ---------------------------------------------------------------- batches
     def batch(self, batch_time: int) -> OperatorBatch | None:
@@ -448,14 +456,35 @@ class StatefulRuntime(StreamRuntime):
         if self._shuffle is None or self._shuffle.num_partitions != n:
             self._shuffle = StateShuffle(self.env.spark, node.key_names, n)
         shuffled = self._shuffle(df, columns)  # a filter keeps the columns
-        return shuffled.mapInArrow(task, node.output_schema.struct).persist(StorageLevel.MEMORY_AND_DISK)
+        rows = shuffled.mapInArrow(task, node.output_schema.struct)
+        if self._cache_rows:
+            return rows.persist(StorageLevel.MEMORY_AND_DISK)
+        batch.tasks = (shuffled, task)
+        return rows
+
+    def map_in_arrow(self, batch_time: int, df: DataFrame, fn: ArrowFunction, schema: Any) -> DataFrame:
+        """``fn`` in the state tasks, on the rows they return, when ``df`` is the batch's rows
+        and its only output reads them in one pass: one Python worker a task, where
+        ``df.mapInArrow`` would hand the rows to the JVM and back to a second one."""
+        batch = self.batch(batch_time)
+        with self._lock:
+            handed = self._generated.get(batch_time)
+        if batch is None or batch.tasks is None or df is not handed:
+            return df.mapInArrow(fn, schema)
+        shuffled, task = batch.tasks
+        if self._handover is None:
+            self._handover = ArrowHandover.of(self.env.spark, self.node.output_schema.struct)
+        return shuffled.mapInArrow(_then(task, self._handover, fn), schema)
 
     def release(self, batch_time: int, df: DataFrame) -> None:
-        df.unpersist()
+        if df.is_cached:
+            df.unpersist()
         batch = self.batch(batch_time)
-        if batch is not None and batch.stats is not None:
-            forget_accumulator(batch.stats)
-            batch.stats = None
+        if batch is not None:
+            batch.tasks = None
+            if batch.stats is not None:
+                forget_accumulator(batch.stats)
+                batch.stats = None
 
     def clear_metadata(self, batch_time: int) -> None:
         super().clear_metadata(batch_time)
@@ -597,7 +626,8 @@ class StatefulRuntime(StreamRuntime):
             publish_batch_params(self.env.spark.sparkContext, self.name, dataclasses.replace(params, skip=True))
             with self._lock:
                 self._generated[batch_time] = self.env.empty_frame(self.node.output_schema.struct)
-            df.unpersist()
+            if df.is_cached:
+                df.unpersist()
             return None
         running = frozenset(range(self.num_partitions)) if due is None else due
         if due is not None:
@@ -766,6 +796,13 @@ class StatefulRuntime(StreamRuntime):
                 "operator's shuffle: adaptive execution must stay off while the pipeline runs (batchline turns it "
                 "off at start; check that nothing turns it on again)"
             )
+
+
+def _then(task: ArrowFunction, handover: ArrowHandover, fn: ArrowFunction) -> ArrowFunction:
+    """The state task, then ``fn`` on the rows it returns, in the same Python worker."""
+    def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        yield from fn(handover.batches(task(batches)))
+    return run
 
 
 def _runtimes_of(nodes: tuple[StreamNode, ...], parents: Sequence[StreamRuntime]) -> tuple[WatermarkRuntime, ...]:

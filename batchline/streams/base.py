@@ -66,6 +66,8 @@ class RuntimeEnv:
     """Per input node id: who reads its rows."""
     read_by_one_output: frozenset[int] = frozenset()
     """Ids of the nodes only one output operation reads, directly (``StreamGraph.read_by_one_output``)."""
+    read_in_one_pass: frozenset[int] = frozenset()
+    """Of those, the ones whose output reads them in one pass (``StreamGraph.read_in_one_pass``)."""
 
     def empty_frame(self, schema: StructType) -> DataFrame:
         """No rows, over no partitions: a batch without input runs no task for it. (An empty

@@ -169,6 +169,12 @@ class StreamGraph:
                          if outputs.count(op.node.node_id) == 1 and op.node.node_id not in children
                          and op.reads_all_rows)
 
+    def read_in_one_pass(self) -> frozenset[int]:
+        """The nodes of ``read_by_one_output`` whose output reads them in one pass: a stateful
+        operator among them needs no cache of its rows."""
+        by_one = self.read_by_one_output()
+        return frozenset(op.node.node_id for op in self.outputs if op.node.node_id in by_one and op.evaluates_once)
+
     def consumed(self) -> frozenset[int]:
         """Ids of the nodes some output reads from."""
         return frozenset(i for op in self.outputs for i in op.node.ancestors())

@@ -39,6 +39,11 @@ class OutputOperation:
         An input's counts come from the first job that reads all of its rows."""
         return self.sink.reads_all_rows
 
+    @property
+    def evaluates_once(self) -> bool:
+        """Whether the sink reads the batch's DataFrame in one pass (``Sink.evaluates_once``)."""
+        return self.sink.evaluates_once
+
     def open(self, runtime: StreamRuntime) -> None:
         self.sink.open(SinkContext(pipeline_identity(runtime), self.name))
 
