@@ -2,6 +2,7 @@
 one job per batch; and whatever the output does with its DataFrame (reads every row, some
 rows, none, on another thread), every partition's function runs once per batch."""
 
+import dataclasses
 import os
 import threading
 
@@ -13,6 +14,7 @@ from batchline import StreamingContext
 from batchline.clock import ManualClock
 from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
+from batchline.sinks.files import FileSink
 from batchline.state import read_state
 from batchline.testing import BatchRecorder, CollectSink, list_stream
 
@@ -222,3 +224,49 @@ def test_an_output_that_coalesces_or_unions_the_frame_runs_each_partition_as_its
         f"SELECT key, pmod(hash(key), {PARTITIONS}) AS p FROM VALUES {values} AS t(key)").collect()}
     ran_in = [line.split() for f in calls.iterdir() for line in f.read_text().splitlines()]
     assert any(int(task) != placed[key] for key, task in ran_in), ran_in
+
+
+class _PlanRecordingFileSink(FileSink):
+    """A file sink that keeps the logical plan of each batch's write."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path)
+        self.plans: list[str] = []
+
+    def write(self, df, batch):
+        mapper = batch.arrow_mapper
+
+        def recorded(frame, fn, schema):
+            written = mapper(frame, fn, schema)
+            self.plans.append(written._jdf.queryExecution().analyzed().toString())
+            return written
+
+        return super().write(df, dataclasses.replace(batch, arrow_mapper=recorded))
+
+
+def test_a_sink_that_reads_once_gets_the_rows_in_the_state_tasks_without_a_cache(spark, tmp_path):
+    files = _PlanRecordingFileSink(str(tmp_path / "out"))
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.write(files, name="files"))
+    assert all(info.failure is None for info in recorder.completed)
+    assert len(files.plans) == len(BATCHES)
+    for plan in files.plans:
+        # The state task and the write in one Python function over the shuffled rows.
+        assert plan.count("MapInArrow") == 1, plan
+        assert "InMemoryRelation" not in plan, plan
+    written = spark.read.parquet(str(tmp_path / "out")).collect()
+    assert max(r["count"] for r in written if r["key"] == "k0") == EXPECTED["k0"]
+    assert state_of(spark, checkpoint) == EXPECTED
+
+
+def test_a_function_that_may_read_twice_gets_the_cached_rows(spark, tmp_path):
+    cached = []
+
+    def twice(df, batch_time):
+        cached.append(df.is_cached)
+        df.count()
+        df.collect()
+
+    recorder, _, checkpoint = run(spark, tmp_path, lambda counts: counts.foreach_batch(twice, name="twice"))
+    assert all(info.failure is None for info in recorder.completed)
+    assert cached == [True] * len(BATCHES)
+    assert state_of(spark, checkpoint) == EXPECTED
