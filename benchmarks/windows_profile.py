@@ -111,7 +111,9 @@ def _event_log(directory: Path) -> dict[str, Any]:
                     stage_job[stage] = event["Job ID"]
             elif kind == "SparkListenerStageCompleted":
                 info = event["Stage Info"]
-                stage_rdds[info["Stage ID"]] = [r["Name"] for r in info.get("RDD Info", [])]
+                # An RDD's name, or the plan node it runs (a ``MapInArrow`` is a MapPartitionsRDD).
+                stage_rdds[info["Stage ID"]] = [r["Name"] + " " + json.loads(r.get("Scope") or "{}").get("name", "")
+                                                for r in info.get("RDD Info", [])]
             elif kind == "SparkListenerTaskEnd" and event.get("Task Metrics"):
                 stage = event["Stage ID"]
                 run_ms[stage] += event["Task Metrics"]["Executor Run Time"]

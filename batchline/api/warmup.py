@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
+from pyspark.sql.types import LongType, StructField, StructType
 
 from batchline.scheduler.listener import StreamingListener
 from batchline.scheduler.progress import BatchProgress
@@ -40,6 +41,7 @@ JOB_GROUP = "batchline-warm-up"
 DEFAULT_KEEP_WARM_MS = 40_000
 """Spark stops idle Python workers after 60 s, checked every 10 s: 40 s (plus up to one 5 s
 check) keeps them with room to spare."""
+_ROWS = StructType([StructField("rows", LongType())])
 _warmed: set[int] = set()
 _lock = threading.Lock()
 
@@ -114,7 +116,7 @@ def _run_warm_job(spark: SparkSession, if_failed: str, stopping: threading.Event
     try:
         context.setJobGroup(JOB_GROUP, "batchline: warming Python workers and the JVM up", True)
         slots = max(1, context.defaultParallelism)
-        spark.range(0, slots, 1, slots).mapInArrow(_warm_task, "rows long").collect()
+        spark.range(0, slots, 1, slots).mapInArrow(_warm_task, _ROWS).collect()
         logger.debug("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
     except Exception as error:  # only a head start: the batches do the same work anyway
         if stopping is not None and stopping.is_set():

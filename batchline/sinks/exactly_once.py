@@ -65,6 +65,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
+from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
 
 from batchline.sinks.sink import ArrowFunction, BatchContext, PendingCommit, Sink
 
@@ -75,7 +76,8 @@ logger = logging.getLogger(__name__)
 Message = TypeVar("Message")
 
 _MESSAGES = pa.schema([("partition", pa.int32()), ("message", pa.binary())])
-_MESSAGES_DDL = "partition int, message binary"
+_MESSAGES = StructType([StructField("partition", IntegerType()), StructField("message", BinaryType())])
+"""What the write's tasks return (a type, not DDL: no parse in the JVM every batch)."""
 _NOTE_LOCK = threading.Lock()
 """Guards ``note_committed`` (a batch's commit and the next batch's skip may come from two
 threads); a lock of the module's, so that a sink holds none and pickles as it is."""
@@ -164,7 +166,7 @@ class ExactlyOnceSink(Sink, Generic[Message]):
         attempt = replace(attempt, prepared=self.prepare(df, attempt))
         # Step 3
         try:
-            found = batch.map_in_arrow(df, _partition_task(self, attempt), _MESSAGES_DDL).collect()
+            found = batch.map_in_arrow(df, _partition_task(self, attempt), _MESSAGES).collect()
         except BaseException as error:
             self._abort_logged([], attempt)
             if isinstance(error, Exception):

@@ -28,7 +28,7 @@ import pyarrow.compute as pc
 from batchline.state.schema import as_python
 
 __all__ = ["Entry", "StateEntries", "KEY_PREFIX", "STATE_PREFIX", "TIMEOUT_COL", "REMOVED_COL", "as_entries",
-           "decode_keys", "give_memory_back", "layout_of", "rows_table"]
+           "codable", "decode_keys", "give_memory_back", "key_codes", "layout_of", "rows_table"]
 
 KEY_PREFIX, STATE_PREFIX = "key.", "state."
 TIMEOUT_COL, REMOVED_COL = "__timeout_ms", "__removed"
@@ -77,6 +77,38 @@ def decode_keys(table: pa.Table, single_key: bool) -> list[Any]:
     """The keys of a table in the files' layout as Python values (tuples for compound keys)."""
     columns = [as_python(table.column(n)) for n in table.column_names if n.startswith(KEY_PREFIX)]
     return columns[0] if single_key else list(zip(*columns, strict=True))
+
+
+_CODED = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
+          pa.types.is_large_binary, pa.types.is_boolean, pa.types.is_date)
+
+
+def codable(kind: pa.DataType) -> bool:
+    """Whether Arrow tells values of this key type apart as the per-key path's Python keys do:
+    not floats (NaN, -0.0), nested types, or timestamps in nanoseconds (Python keys hold
+    microseconds)."""
+    return any(plain(kind) for plain in _CODED) or (pa.types.is_timestamp(kind) and kind.unit != "ns")
+
+
+def key_codes(columns: list[pa.Array | pa.ChunkedArray]) -> np.ndarray | None:
+    """One int64 per row, equal exactly where the rows' keys (``columns`` side by side) are
+    equal as the per-key path's Python keys: each column dictionary-encoded by Arrow, the codes
+    combined. None for a type that is not ``codable``, or codes that would not fit in 63 bits."""
+    codes: np.ndarray | None = None
+    distinct = 1
+    for column in columns:
+        if not codable(column.type):
+            return None
+        if isinstance(column, pa.ChunkedArray):
+            column = column.combine_chunks()
+        encoded = pc.dictionary_encode(column, null_encoding="encode")
+        values = max(len(encoded.dictionary), 1)
+        if distinct > (1 << 62) // values:
+            return None
+        indices = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        codes = indices if codes is None else codes * values + indices
+        distinct *= values
+    return codes
 
 
 def as_entries(keys: list[Any], values: Iterable[tuple[Any, ...]], table: pa.Table) -> dict[Any, Entry | None]:
@@ -342,6 +374,8 @@ class StateEntries:
         numbers = self._integer_keys(run)
         if numbers is not None:  # one integer key: found and deduplicated as numbers, not Python objects
             newest = np.sort(len(numbers) - 1 - np.unique(numbers[::-1], return_index=True)[1])
+        elif (codes := key_codes([run.column(n) for n in run.column_names if n.startswith(KEY_PREFIX)])) is not None:
+            newest = np.sort(len(codes) - 1 - np.unique(codes[::-1], return_index=True)[1])
         else:
             decoded = {key: row for row, key in enumerate(self._decode_keys(run))}
             newest = np.fromiter(sorted(decoded.values()), dtype=np.int64, count=len(decoded))

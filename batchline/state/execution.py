@@ -46,7 +46,16 @@ from batchline.state.contract import (
     Stats,
     batch_params_from_property,
 )
-from batchline.state.entries import KEY_PREFIX, REMOVED_COL, TIMEOUT_COL, UNKNOWN, StateEntries, give_memory_back
+from batchline.state.entries import (
+    KEY_PREFIX,
+    REMOVED_COL,
+    TIMEOUT_COL,
+    UNKNOWN,
+    StateEntries,
+    codable,
+    give_memory_back,
+    key_codes,
+)
 from batchline.state.group_state import NO_TIMESTAMP, GroupState, last_due
 from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import (
@@ -665,20 +674,21 @@ def _merge_in_bulk(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
     return _bulk_changes(params, entries, done, located, keys, stats), called, located
 
 
-_NUMBERED_IN_ARROW = (pa.types.is_integer, pa.types.is_string, pa.types.is_large_string, pa.types.is_binary,
-                      pa.types.is_boolean, pa.types.is_date)
-"""Key types whose values Arrow and Python tell apart alike (not floats: NaN; not timestamps)."""
-
-
 def _numbered_keys(spec: OperatorSpec, table: pa.Table) -> tuple[list[Any], np.ndarray]:
     """The batch's distinct keys in the order they first come, and each row's key number.
-    One key column of a plain type is numbered by Arrow, and only its distinct values become
-    Python keys."""
+    Keys of plain types are numbered by Arrow, and only the distinct ones become Python keys."""
     if len(spec.key_names) == 1:
         column = table.column(spec.key_names[0]).combine_chunks()
-        if any(plain(column.type) for plain in _NUMBERED_IN_ARROW):
+        if codable(column.type):
             encoded = pc.dictionary_encode(column, null_encoding="encode")
             return as_python(encoded.dictionary), encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    codes = key_codes([table.column(name) for name in spec.key_names])
+    if codes is not None:  # numbered by Arrow; only each key's first row becomes a Python key
+        first, inverse = np.unique(codes, return_index=True, return_inverse=True)[1:]
+        order = np.argsort(first, kind="stable")  # the keys in the order they first come
+        rank = np.empty(len(order), dtype=np.int64)
+        rank[order] = np.arange(len(order), dtype=np.int64)
+        return list(_keys_of(spec, table.take(pa.array(first[order])))), rank[inverse.reshape(-1)]
     numbers: dict[Any, int] = {}
     key_of_row = np.fromiter((numbers.setdefault(key, len(numbers)) for key in _keys_of(spec, table)),
                              dtype=np.int64, count=table.num_rows)

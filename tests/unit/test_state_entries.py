@@ -7,13 +7,16 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from types import SimpleNamespace
 
+import pyarrow as pa
 import pytest
 from pyspark.sql.types import IntegerType, LongType, StringType, StructField, StructType, TimestampType
 
 from batchline.state import entries as entries_module
-from batchline.state.entries import StateEntries
-from batchline.state.schema import RowSchema
+from batchline.state import execution
+from batchline.state.entries import StateEntries, key_codes
+from batchline.state.schema import RowSchema, as_python
 from batchline.state.store import entries_schema, entries_table
 from tests.helpers import Count
 
@@ -167,3 +170,88 @@ def test_a_snapshot_taken_with_nothing_recent_keeps_the_deadlines_it_saw(monkeyp
     taken = StateEntries(True)
     taken.merge([build()])
     assert taken.get("k5") == ((5, 5), 1005)
+
+
+def _random_key_columns(rng: random.Random, rows: int) -> dict[str, pa.Array]:
+    """Compound keys with few distinct values per column (so that rows share keys) and nulls."""
+    def pick(values):
+        return [rng.choice(values) for _ in range(rows)]
+    return {
+        "i": pa.array(pick([None, -1, -2, 0, 7, 2**40]), pa.int64()),
+        "s": pa.array(pick([None, "", "a", "b"]), pa.string()),
+        "t": pa.array(pick([None, 0, 1, 1_700_000_000_000_000]), pa.timestamp("us", tz="UTC")),
+        "d": pa.array(pick([None, 0, 19_000]), pa.date32()),
+        "b": pa.array(pick([None, True, False]), pa.bool_()),
+    }
+
+
+@pytest.mark.parametrize("names", [("i", "s"), ("t", "i"), ("s", "d", "b"), ("i", "s", "t", "d", "b")])
+def test_key_codes_are_equal_exactly_where_the_python_keys_are(names):
+    rng = random.Random(7)
+    columns = _random_key_columns(rng, 500)
+    # Chunked, as a table's columns are after a concatenation.
+    chunked = [pa.chunked_array([columns[n][:200], columns[n][200:]]) for n in names]
+    codes = key_codes(chunked)
+    assert codes is not None
+    keys = list(zip(*(as_python(columns[n]) for n in names), strict=True))
+    for a in range(0, 500, 7):
+        for b in range(a, 500, 3):
+            assert (codes[a] == codes[b]) == (keys[a] == keys[b]), (keys[a], keys[b])
+
+
+@pytest.mark.parametrize("column", [pa.array([1.0, float("nan")]), pa.array([0, 1], pa.timestamp("ns")),
+                                    pa.array([[1], [2]])])
+def test_key_codes_refuse_types_where_arrow_and_python_disagree(column):
+    assert key_codes([pa.array([1, 2]), column]) is None
+
+
+def test_compound_keys_are_numbered_by_arrow_as_by_a_dict():
+    rng = random.Random(11)
+    columns = _random_key_columns(rng, 300)
+    table = pa.table(columns)
+    spec = SimpleNamespace(key_names=("s", "t", "i"))
+    keys, key_of_row = execution._numbered_keys(spec, table)
+    numbers: dict = {}
+    expected = [numbers.setdefault(key, len(numbers)) for key in zip(
+        *(as_python(columns[n]) for n in spec.key_names), strict=True)]
+    assert keys == list(numbers)
+    assert key_of_row.tolist() == expected
+
+
+NAIVE_2026 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC).replace(tzinfo=None)
+
+
+def test_deltas_merged_at_once_keep_each_compound_key_s_last_row(monkeypatch):
+    monkeypatch.setattr(entries_module, "_MIN_RECENT", 8)
+    key_schema = StructType([StructField("a", StringType()), StructField("b", TimestampType())])
+    layout = entries_schema(key_schema, STATE)
+    rng = random.Random(5)
+    truth: dict = {}
+    deltas = []
+    for _ in range(4):
+        changes = {}
+        for _ in range(40):
+            key = (f"u{rng.randrange(5)}", NAIVE_2026 + dt.timedelta(seconds=rng.randrange(6)))
+            changes[key] = None if rng.random() < 0.2 else ((rng.randrange(9), rng.randrange(99)), None)
+        one = StateEntries(False)
+        one.update({k: v for k, v in changes.items() if v is not None}, layout)
+        delta = one.table()
+        gone = [k for k, v in changes.items() if v is None]
+        if gone:
+            removed = StateEntries(False)
+            removed.update({k: (None, 5) for k in gone}, layout)
+            marked = removed.table()
+            marked = marked.set_column(marked.schema.get_field_index("__timeout_ms"), "__timeout_ms",
+                                       pa.nulls(marked.num_rows, pa.int64()))
+            delta = pa.concat_tables([delta, marked])
+        deltas.append(delta)
+        for key, entry in changes.items():
+            if entry is None:
+                truth.pop(key, None)
+            else:
+                truth[key] = entry
+    for into_base in (False, True):
+        entries = StateEntries(False)
+        entries.update({("seed", NAIVE_2026 - dt.timedelta(days=9)): ((0, 0), None)}, layout)
+        entries.merge(deltas, into_base=into_base)
+        assert dict(entries.items()) == {("seed", NAIVE_2026 - dt.timedelta(days=9)): ((0, 0), None), **truth}
