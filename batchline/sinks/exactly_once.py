@@ -76,8 +76,8 @@ logger = logging.getLogger(__name__)
 Message = TypeVar("Message")
 
 _MESSAGES = pa.schema([("partition", pa.int32()), ("message", pa.binary())])
-_MESSAGES = StructType([StructField("partition", IntegerType()), StructField("message", BinaryType())])
-"""What the write's tasks return (a type, not DDL: no parse in the JVM every batch)."""
+_MESSAGES_TYPE = StructType([StructField("partition", IntegerType()), StructField("message", BinaryType())])
+"""``_MESSAGES`` as a Spark type, for the tasks' ``mapInArrow`` (a type, not DDL: no parse in the JVM every batch)."""
 _NOTE_LOCK = threading.Lock()
 """Guards ``note_committed`` (a batch's commit and the next batch's skip may come from two
 threads); a lock of the module's, so that a sink holds none and pickles as it is."""
@@ -166,7 +166,7 @@ class ExactlyOnceSink(Sink, Generic[Message]):
         attempt = replace(attempt, prepared=self.prepare(df, attempt))
         # Step 3
         try:
-            found = batch.map_in_arrow(df, _partition_task(self, attempt), _MESSAGES).collect()
+            found = batch.map_in_arrow(df, _partition_task(self, attempt), _MESSAGES_TYPE).collect()
         except BaseException as error:
             self._abort_logged([], attempt)
             if isinstance(error, Exception):
