@@ -58,7 +58,6 @@ def install(directory: Path) -> dict[str, str]:
     from batchline.state import operator
 
     (directory / "tasks").mkdir(parents=True, exist_ok=True)
-    (directory / "events").mkdir(parents=True, exist_ok=True)
     original = operator.spark_task
 
     def spark_task(*args: Any, **kwargs: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
@@ -66,6 +65,12 @@ def install(directory: Path) -> dict[str, str]:
 
     if not os.environ.get(EVENTS_ONLY):
         operator.spark_task = spark_task  # type: ignore[assignment]
+    return event_log_conf(directory)
+
+
+def event_log_conf(directory: Path) -> dict[str, str]:
+    """The Spark settings that write the event log under ``directory/events``."""
+    (directory / "events").mkdir(parents=True, exist_ok=True)
     return {"spark.eventLog.enabled": "true", "spark.eventLog.dir": (directory / "events").as_uri(),
             "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
 

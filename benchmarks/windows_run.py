@@ -14,8 +14,8 @@ aggregation (or, case ``d``, a deduplication) over Parquet files, from process s
 
 A case is an entry of ``CASES``: how each side computes its rows from the watermarked input.
 With ``BENCH_WINDOWS_PROFILE`` set to a directory, the batchline side profiles itself into it
-(``benchmarks/windows_profile.py``). Both sides print bounded_run's ``mark``/``log``/``batch``
-lines, which ``bounded.py``'s figures read.
+(``benchmarks/windows_profile.py``) and the peer writes its Spark event log there. Both sides
+print bounded_run's ``mark``/``log``/``batch`` lines, which ``bounded.py``'s figures read.
 """
 
 from __future__ import annotations
@@ -144,7 +144,10 @@ def run_peer(case: Case, input_dir: str, output_dir: str, checkpoint: str, files
     from batchline.spark import local_spark_session
 
     mark("imported")
-    spark = local_spark_session("local[2]", "bench-windows-peer", shuffle_partitions=PARTITIONS)
+    conf = {}
+    if os.environ.get(windows_profile.ENV):  # the event log only: no Python task to profile
+        conf = windows_profile.event_log_conf(Path(os.environ[windows_profile.ENV]))
+    spark = local_spark_session("local[2]", "bench-windows-peer", shuffle_partitions=PARTITIONS, conf=conf)
     mark("spark")
     events = (spark.readStream.schema(SCHEMA).option("maxFilesPerTrigger", files_per_batch).parquet(input_dir)
               .withWatermark("ts", case.watermark_delay))
