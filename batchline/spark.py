@@ -20,7 +20,8 @@ from pyspark.sql import SparkSession
 from batchline.errors import ConfigurationError, JavaNotFoundError, error_text
 from batchline.exclusion import ExcludeOnFailure, check_exclusion_conf, same_value, translate_legacy_conf
 
-__all__ = ["local_spark_session", "session_conf", "check_java", "REQUIRED_JAVA", "spark_gone", "SparkWatch"]
+__all__ = ["local_spark_session", "session_conf", "check_java", "REQUIRED_JAVA", "spark_gone", "SparkWatch",
+           "WORKER_DAEMON", "WORKER_DAEMON_CONF"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,10 @@ Spark's defaults (1,000 jobs, stages and SQL executions, 100,000 tasks) suit a b
 application; a pipeline runs a few jobs every batch, so with them the JVM keeps growing for
 hours before the oldest are dropped (SPEC E6: memory stays flat)."""
 
+WORKER_DAEMON_CONF, WORKER_DAEMON = "spark.python.daemon.module", "batchline.worker_daemon"
+"""Spark's Python daemon that imports a state task's modules once, before it forks workers
+(``batchline/worker_daemon.py``)."""
+
 
 def session_conf(
     *, shuffle_partitions: int = 4, ui: bool = False, conf: Mapping[str, object] | None = None,
@@ -112,6 +117,9 @@ def local_spark_session(
     """
     settings = session_conf(shuffle_partitions=shuffle_partitions, ui=ui, conf=conf,
                             exclude_on_failure=exclude_on_failure)
+    if master.startswith("local"):
+        # Workers run this interpreter, which imports batchline: their daemon can preload it.
+        settings.setdefault(WORKER_DAEMON_CONF, WORKER_DAEMON)
     if SparkSession.getActiveSession() is None:
         check_java()
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
