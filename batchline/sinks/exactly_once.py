@@ -65,7 +65,7 @@ from typing import Any, ClassVar, Generic, TypeVar
 
 import pyarrow as pa
 from pyspark.sql import DataFrame
-from pyspark.sql.types import BinaryType, IntegerType, StructField, StructType
+from pyspark.sql.pandas.types import from_arrow_schema
 
 from batchline.sinks.sink import ArrowFunction, BatchContext, PendingCommit, Sink
 
@@ -76,7 +76,7 @@ logger = logging.getLogger(__name__)
 Message = TypeVar("Message")
 
 _MESSAGES = pa.schema([("partition", pa.int32()), ("message", pa.binary())])
-_MESSAGES_TYPE = StructType([StructField("partition", IntegerType()), StructField("message", BinaryType())])
+_MESSAGES_TYPE = from_arrow_schema(_MESSAGES)
 """``_MESSAGES`` as a Spark type, for the tasks' ``mapInArrow`` (a type, not DDL: no parse in the JVM every batch)."""
 _NOTE_LOCK = threading.Lock()
 """Guards ``note_committed`` (a batch's commit and the next batch's skip may come from two

@@ -106,8 +106,9 @@ class BatchContext:
         gets each split's rows in the task that reads them; when it is a stateful operator's
         rows and this sink ``evaluates_once``, in the state task that makes them. Either way
         ``fn`` gets Arrow batches of the stream's schema (as Spark would cut and type them) and
-        is called once per partition, as ``mapInArrow`` calls it. Let ``fn`` read all of its input: the tasks then
-        count the input's records, which otherwise takes one more read of the batch."""
+        is called once per partition, as ``mapInArrow`` calls it. Let ``fn`` read all of its
+        input: the tasks then count the input's records, which otherwise takes one more read of
+        the batch."""
         if self.arrow_mapper is None:
             return df.mapInArrow(fn, schema)
         return self.arrow_mapper(df, fn, schema)
