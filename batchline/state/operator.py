@@ -2,8 +2,8 @@
 (``batchline.state.stateful``): its settings, the record of what it did in a batch, and the
 driver's half of the task contract (``batchline.state.contract``).
 
-- ``operator_task``: the ``mapInArrow`` function of a batch, with the accumulator that sums
-  the tasks' ``Stats``.
+- ``operator_task``: the ``mapInArrow`` function of a batch, with the accumulator that
+  gathers the tasks' ``Stats`` (``tasks_reported`` sums them).
 - ``run_batch_job``: publish the batch's ``BatchParams`` to the job's tasks, evaluate the
   operator's DataFrame, and turn a task's failure of the state function back into a
   ``StateFunctionError``.
@@ -15,14 +15,13 @@ The settings are read when used, so tests may change them on this module.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
 
-import pyarrow as pa
 from pyspark import SparkContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame
 
 from batchline.scheduler.progress import StateOperatorProgress
+from batchline.sinks.sink import ArrowFunction
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
     BatchParams,
@@ -42,6 +41,7 @@ __all__ = [
     "operator_progress",
     "operator_task",
     "publish_batch_params",
+    "tasks_reported",
     "purge_old_versions",
     "run_batch_job",
 ]
@@ -63,20 +63,39 @@ def operator_progress(operator: str, stats: Stats, watermark_ms: int | None, par
                                  partitions_kept, stats.state_bytes, stats.delta_bytes, partitions_finished)
 
 
-class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]
-    def zero(self, value: Stats) -> Stats:
-        return Stats()
+ReportedStats = dict[int, Stats]
+"""The tasks' ``Stats`` by the partitions they report (``Stats.partitions``)."""
 
-    def addInPlace(self, a: Stats, b: Stats) -> Stats:  # noqa: N802 - Spark's name
-        return a.merge(b)
+
+class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]
+    """A partition's latest report replaces its earlier one. A batch that runs again in the
+    same driver runs its DataFrame again, with no cache in between when its output reads it in
+    one pass: the partitions that finished in the failed attempt run again and report what their
+    finish records kept, which counts once."""
+
+    def zero(self, value: ReportedStats) -> ReportedStats:
+        return {}
+
+    def addInPlace(self, a: ReportedStats, b: ReportedStats) -> ReportedStats:  # noqa: N802 - Spark's name
+        a.update(b)
+        return a
 
 
 def operator_task(spark_context: SparkContext, spec: OperatorSpec, batch_time: int
-                  ) -> tuple[Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]], Accumulator[Stats]]:
+                  ) -> tuple[ArrowFunction, Accumulator[ReportedStats]]:
     """The ``mapInArrow`` function of the operator's DataFrame for ``batch_time``, and the
-    accumulator in which its tasks sum their ``Stats`` (read it after the job ran)."""
-    stats: Accumulator[Stats] = spark_context.accumulator(Stats(), _StatsParam())
-    return spark_task(spec, batch_time, stats.add), stats
+    accumulator in which its tasks report their ``Stats`` (read it with ``tasks_reported``
+    after the job ran)."""
+    reports: Accumulator[ReportedStats] = spark_context.accumulator({}, _StatsParam())
+    return spark_task(spec, batch_time, lambda stats: reports.add({stats.partitions: stats})), reports
+
+
+def tasks_reported(reports: Accumulator[ReportedStats]) -> Stats:
+    """The sum of the partitions' latest reports."""
+    total = Stats()
+    for stats in reports.value.values():
+        total = total.merge(stats)
+    return total
 
 
 def publish_batch_params(spark_context: SparkContext, operator: str, params: BatchParams) -> None:

@@ -45,8 +45,9 @@ class OperatorBatch:
     """Its job was generated and it has not committed yet."""
     skipped: bool = False
     """No row came and no timer was due: no job ran, no version was written (SPEC E6)."""
-    stats: Accumulator[Stats] | None = None
-    """What its tasks report, as they run (made with its DataFrame)."""
+    stats: Accumulator[dict[int, Stats]] | None = None
+    """What its tasks report, by partition, as they run (made with its DataFrame;
+    ``operator.tasks_reported`` sums it)."""
     tasks: tuple[DataFrame, ArrowFunction] | None = None
     """The rows shuffled to the state partitions and the function of its tasks, when its only
     output reads its rows in one pass: the output's function runs in those tasks."""

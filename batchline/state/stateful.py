@@ -56,6 +56,7 @@ from batchline.state.operator import (
     publish_batch_params,
     purge_old_versions,
     run_batch_job,
+    tasks_reported,
 )
 from batchline.state.operator_batch import OperatorBatch, Started
 from batchline.state.placement import StateShuffle, placement
@@ -683,14 +684,14 @@ class StatefulRuntime(StreamRuntime):
     def reported(self, batch_time: int, params: BatchParams) -> Stats:
         """What the batch's tasks reported, completed from the partitions' finish records: a
         task that finished its partition inside the output's job and then failed in the
-        output's own part (a write that failed) reports nothing, and a retry of the batch reads
+        output's own part (a write that failed) reports nothing, and a retry of the batch may read
         the partition's cached rows without running it again. Partitions that sat the batch
         out, or had drained, did nothing to report."""
         accumulator = self._part_of(batch_time).stats
         if accumulator is None:
             raise ContextStateError(f"operator {self.name!r} ran batch {batch_time} before building its DataFrame; "
                                     "this is a bug in batchline, please report it")
-        stats: Stats = accumulator.value
+        stats = tasks_reported(accumulator)
         generation = self.metadata.generation if self.metadata is not None else 0
         for p in range(self.num_partitions):
             if stats.partitions >> p & 1:

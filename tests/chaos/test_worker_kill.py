@@ -32,6 +32,7 @@ from pyspark import TaskContext
 
 from batchline import StreamingContext
 from batchline.scheduler.retry import RetryPolicy
+from batchline.spark import WORKER_DAEMON
 from batchline.state import read_state
 from batchline.testing import END, BatchRecorder, list_stream
 from tests.helpers import LogWatcher, wait_for
@@ -153,7 +154,9 @@ def conduct(injection: Injection, finished_keys, stop: threading.Event, killed: 
             return
         assert pid != os.getpid(), "the pid is the test's own process"
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        assert b"pyspark.daemon" in cmdline, f"process {pid} is not a PySpark worker: {cmdline}"
+        # Local sessions fork their workers from batchline's daemon, clusters from PySpark's.
+        assert {b"pyspark.daemon", WORKER_DAEMON.encode()} & set(cmdline), \
+            f"process {pid} is not a PySpark worker: {cmdline}"
         os.kill(pid, signal.SIGKILL)
         killed.append(pid)
     except BaseException as error:
