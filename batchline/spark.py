@@ -14,9 +14,11 @@ from typing import Any
 
 from py4j.protocol import Py4JNetworkError  # type: ignore[import-untyped]
 from pyspark import SparkConf, SparkContext
+from pyspark.find_spark_home import _find_spark_home
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
+from batchline.class_archive import DRIVER_JAVA_OPTIONS, archive_options
 from batchline.errors import ConfigurationError, JavaNotFoundError, error_text
 from batchline.exclusion import ExcludeOnFailure, check_exclusion_conf, same_value, translate_legacy_conf
 
@@ -113,22 +115,22 @@ def local_spark_session(
     ``conf``: more Spark settings; ``exclude_on_failure``: Spark's exclusion of failing
     executors and nodes (see ``session_conf``). Settings of Spark itself (not ``spark.sql.*``)
     take effect only when this starts Spark: if a session is already running, the ones it
-    does not have are named in a WARN.
+    does not have are named in a WARN. A JVM this starts maps Spark's classes from a
+    class-data archive, which the first start writes when it exits (``batchline.class_archive``).
     """
     settings = session_conf(shuffle_partitions=shuffle_partitions, ui=ui, conf=conf,
                             exclude_on_failure=exclude_on_failure)
     if master.startswith("local"):
         # Workers run this interpreter, which imports batchline: their daemon can preload it.
         settings.setdefault(WORKER_DAEMON_CONF, WORKER_DAEMON)
-    if SparkSession.getActiveSession() is None:
-        check_java()
+    java = check_java() if SparkSession.getActiveSession() is None else None
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     if master.startswith("local"):
         # A host name that resolves to a loopback address makes Spark warn and guess an interface;
         # a local master needs none but loopback.
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
-    _start_jvm_in_its_own_group(master, app_name, settings)
+    _start_jvm_in_its_own_group(master, app_name, settings, java)
     builder = SparkSession.builder.master(master).appName(app_name)
     for key, value in settings.items():
         builder = builder.config(key, value)
@@ -144,8 +146,11 @@ def local_spark_session(
     return spark
 
 
-def _start_jvm_in_its_own_group(master: str, app_name: str, settings: Mapping[str, str]) -> None:
-    """Start Spark's JVM as PySpark would, but in a process group (session) of its own.
+def _start_jvm_in_its_own_group(master: str, app_name: str, settings: Mapping[str, str],
+                                java: str | None) -> None:
+    """Start Spark's JVM as PySpark would, but in a process group (session) of its own, and
+    from the class-data archive of Spark's classes (``batchline.class_archive``) when ``java``
+    (the one Spark launches) is known.
 
     PySpark starts the JVM in the driver's process group, ignoring only SIGINT. A SIGTERM to
     the whole group (GNU ``timeout``, ``kill -TERM -PGID``, a supervisor stopping the group)
@@ -162,7 +167,13 @@ def _start_jvm_in_its_own_group(master: str, app_name: str, settings: Mapping[st
     if api_mode == "connect" or "spark.remote" in settings or {"SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED"} & set(
             os.environ):
         return
-    conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(settings.items()))
+    launch = dict(settings)
+    archive = archive_options(java, _find_spark_home(), settings) if java is not None else None
+    if archive is not None:
+        # Only the JVM started here gets them: the running conf then holds the settings asked
+        # for and more, which ``_applied`` takes as applied.
+        launch[DRIVER_JAVA_OPTIONS] = " ".join(filter(None, [settings.get(DRIVER_JAVA_OPTIONS), archive]))
+    conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(launch.items()))
     gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
     # The SparkContext takes the JVM started here; the builder below finds it and adds the session.
     SparkContext(conf=conf, gateway=gateway)
