@@ -11,7 +11,8 @@ from batchline.checkpoint.storage import CheckpointStorage, seal, unseal
 from batchline.checkpoint.writer import CHECKPOINTS, read_checkpoint
 from batchline.clock import ManualClock
 from batchline.recovery.restart import _last_committed_progress
-from batchline.state.contract import PartitionFacts
+from batchline.state.contract import PartitionFacts, Stats
+from batchline.state.operator import _StatsParam, tasks_reported
 from batchline.state.stateful import StatefulRuntime
 from batchline.state.store import StateMetadata
 
@@ -88,3 +89,19 @@ def test_a_restart_takes_the_newest_commit_marker_as_typed_progress(tmp_path):
     found = _last_committed_progress(checkpoints, checkpoint({"counts": PROGRESS}), 7_000, INTERVAL)
     assert found == {"counts": newer}
     assert runtime(found["counts"]).last_rows_at == 6_000
+
+
+def test_a_partition_that_reports_again_counts_once():
+    """A batch that runs again in the same driver runs its finished partitions again (no cache
+    keeps their rows when the output reads them in one pass); each reports what its finish
+    record kept, and the batch's totals count it once."""
+    param = _StatsParam()
+    first_attempt = param.addInPlace(param.zero({}), {1: Stats(rows=24, keys_called=6, partitions=1)})
+    retried = param.addInPlace(first_attempt, {1: Stats(rows=24, keys_called=6, partitions=1)})
+    retried = param.addInPlace(retried, {2: Stats(rows=24, keys_called=6, partitions=2)})
+
+    class Reports:
+        value = retried
+
+    total = tasks_reported(Reports())  # type: ignore[arg-type]
+    assert (total.rows, total.keys_called, total.partitions) == (48, 12, 3)
