@@ -111,7 +111,7 @@ def _key(java: str, spark_home: str, settings: Mapping[str, str]) -> str:
         "spark_home": os.path.realpath(spark_home),
         "jars": sorted((entry.name, entry.stat().st_size) for entry in os.scandir(jars)) if jars.is_dir() else [],
         "settings": {key: settings.get(key) for key in _KEYED_SETTINGS},
-        "java_options": [o for o in shlex.split(settings.get(DRIVER_JAVA_OPTIONS, "")) if not o.startswith(_UNKEYED)],
+        "java_options": [o for o in settings.get(DRIVER_JAVA_OPTIONS, "").split() if not o.startswith(_UNKEYED)],
         "environment": {key: os.environ.get(key) for key in _KEYED_ENVIRONMENT},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]

@@ -41,9 +41,9 @@ __all__ = [
     "operator_progress",
     "operator_task",
     "publish_batch_params",
-    "tasks_reported",
     "purge_old_versions",
     "run_batch_job",
+    "tasks_reported",
 ]
 
 logger = logging.getLogger(__name__)
