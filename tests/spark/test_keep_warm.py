@@ -139,6 +139,8 @@ def test_a_pipeline_stopped_right_after_its_start_cancels_its_warm_up_quietly(sp
                 and info.status == "RUNNING"]
 
     before = {t for t in threading.enumerate() if t.name == "batchline-warm-up"}
+    # batchline's own logger too: the command line's tests leave a level of their own on it.
+    caplog.set_level(logging.DEBUG, logger="batchline")
     with caplog.at_level(logging.DEBUG):
         ssc = StreamingContext(spark, "1s", checkpoint=str(tmp_path / "checkpoint"))
         ssc.generator_stream(1, partitions=1, name="events").foreach_batch(lambda df, t: None, name="out")
