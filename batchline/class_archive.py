@@ -40,7 +40,8 @@ import uuid
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["ARCHIVE_SWITCH", "CACHE_DIR", "DRIVER_JAVA_OPTIONS", "KEEP", "archive_dir", "archive_options"]
+__all__ = ["ARCHIVE_SWITCH", "CACHE_DIR", "DRIVER_JAVA_OPTIONS", "DYNAMIC_ARCHIVE_MAGIC", "KEEP", "archive_dir",
+           "archive_options", "is_whole"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,7 +49,7 @@ ARCHIVE_SWITCH = "BATCHLINE_CLASS_ARCHIVE"
 """``off`` (or ``0``, ``false``, ``no``): start the driver's JVM without an archive, and make none."""
 CACHE_DIR = "BATCHLINE_CACHE_DIR"
 KEEP = 2
-_DYNAMIC_MAGIC = 0xF00BABA8
+DYNAMIC_ARCHIVE_MAGIC = 0xF00BABA8
 """The first word of a dynamic CDS archive (HotSpot's ``CDS_DYNAMIC_ARCHIVE_MAGIC``), written
 with the rest of the header after every region: a file that starts with it is whole."""
 _PART_TIMEOUT_S = 600
@@ -124,11 +125,12 @@ def _settle(directory: Path, name: str) -> Path | None:
     now = time.time()
     for part in sorted(directory.glob(f"{name}.*.part")):
         try:
-            if _whole(part) and not archive.exists():
+            whole = is_whole(part)
+            if whole and not archive.exists():
                 os.replace(part, archive)  # a local cache: the first whole part wins
                 logger.info("The driver's JVM starts from a class-data archive of Spark's classes from now on (%s)",
                             archive)
-            elif _whole(part) or now - part.stat().st_mtime > _PART_TIMEOUT_S:
+            elif whole or now - part.stat().st_mtime > _PART_TIMEOUT_S:
                 part.unlink()
         except FileNotFoundError:  # another start settled it first
             continue
@@ -136,16 +138,17 @@ def _settle(directory: Path, name: str) -> Path | None:
     for old in archives[KEEP:]:
         if old != archive:
             old.unlink(missing_ok=True)
-    return archive if archive.exists() and _whole(archive) else None
+    return archive if is_whole(archive) else None
 
 
-def _whole(path: Path) -> bool:
+def is_whole(path: Path) -> bool:
+    """Whether ``path`` is a dynamic archive HotSpot finished writing (its header is last)."""
     try:
         with open(path, "rb") as file:
             head = file.read(4)
     except FileNotFoundError:
         return False
-    return len(head) == 4 and struct.unpack("=I", head)[0] == _DYNAMIC_MAGIC
+    return len(head) == 4 and struct.unpack("=I", head)[0] == DYNAMIC_ARCHIVE_MAGIC
 
 
 def _modified(path: Path) -> float:

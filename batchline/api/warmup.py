@@ -102,24 +102,22 @@ def warm_up(spark: SparkSession) -> StartupWarmUp | None:
 
     warming = StartupWarmUp(id(context), lambda: context.cancelJobGroup(JOB_GROUP))
     warming.thread = threading.Thread(target=_run_warm_job, args=(spark, "the first batch starts cold",
-                                                                  warming.stopping, _startup_slots(context)),
+                                                                  warming.stopping, _forks_warm(context)),
                                       name="batchline-warm-up", daemon=True)
     warming.thread.start()
     return warming
 
 
-def _startup_slots(context: SparkContext) -> int:
-    """Tasks of the start-up warm-up. Workers forked from batchline's daemon find what it
-    imported, so one task, which starts the daemon, warms them all, and the other cores are
-    free for the first batch's jobs that need no Python worker; else one task per core."""
-    if context.getConf().get(WORKER_DAEMON_CONF) == WORKER_DAEMON and (context.master or "").startswith("local"):
-        return 1
-    return max(1, context.defaultParallelism)
+def _forks_warm(context: SparkContext) -> bool:
+    """Whether the Python workers fork from batchline's daemon on one local executor: then the
+    task that starts the daemon warms every worker, and the start-up warm-up leaves the other
+    cores to the first batch's jobs that need no Python worker."""
+    return context.getConf().get(WORKER_DAEMON_CONF) == WORKER_DAEMON and (context.master or "").startswith("local")
 
 
 def _run_warm_job(spark: SparkSession, if_failed: str, stopping: threading.Event | None = None,
-                  slots: int | None = None) -> None:
-    """``slots`` tasks (default: one per core) that import what a stateful task imports; a
+                  one_task: bool = False) -> None:
+    """One task per core (or ``one_task``) that imports what a stateful task imports; a
     failure is only logged, and a cancel by ``stopping`` not even as a failure."""
     if stopping is not None and stopping.is_set():
         return
@@ -127,7 +125,7 @@ def _run_warm_job(spark: SparkSession, if_failed: str, stopping: threading.Event
     began = time.perf_counter()
     try:
         context.setJobGroup(JOB_GROUP, "batchline: warming Python workers and the JVM up", True)
-        slots = max(1, context.defaultParallelism) if slots is None else slots
+        slots = 1 if one_task else max(1, context.defaultParallelism)
         spark.range(0, slots, 1, slots).mapInArrow(_warm_task, _ROWS).collect()
         logger.debug("Warmed Spark up in %.0f ms (%d Python workers)", (time.perf_counter() - began) * 1000, slots)
     except Exception as error:  # only a head start: the batches do the same work anyway

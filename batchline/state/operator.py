@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_STATE_PARTITIONS",
     "PURGE_EVERY",
     "RETAINED_VERSIONS",
+    "ReportedStats",
     "StateOperatorProgress",
     "operator_progress",
     "operator_task",

@@ -16,6 +16,7 @@ from pyspark.sql import DataFrame
 
 from batchline.scheduler.progress import StateOperatorProgress
 from batchline.state.contract import BatchParams, PartitionFacts, Stats
+from batchline.state.operator import ReportedStats
 from batchline.streams.base import ArrowFunction
 
 __all__ = ["OperatorBatch", "Started"]
@@ -45,7 +46,7 @@ class OperatorBatch:
     """Its job was generated and it has not committed yet."""
     skipped: bool = False
     """No row came and no timer was due: no job ran, no version was written (SPEC E6)."""
-    stats: Accumulator[dict[int, Stats]] | None = None
+    stats: Accumulator[ReportedStats] | None = None
     """What its tasks report, by partition, as they run (made with its DataFrame;
     ``operator.tasks_reported`` sums it)."""
     tasks: tuple[DataFrame, ArrowFunction] | None = None

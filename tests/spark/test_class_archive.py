@@ -5,13 +5,12 @@ driver's JVM loads Spark's classes from it: with a real JVM, in driver processes
 from __future__ import annotations
 
 import os
-import struct
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
-from batchline.class_archive import CACHE_DIR
+from batchline.class_archive import CACHE_DIR, is_whole
 from tests.helpers import wait_for
 
 DRIVER = textwrap.dedent("""
@@ -21,8 +20,6 @@ DRIVER = textwrap.dedent("""
     spark = local_spark_session("local[1]", "class-archive", shuffle_partitions=1, conf=conf)
     spark.stop()
 """)
-DYNAMIC_ARCHIVE = 0xF00BABA8
-"""HotSpot's first word of a dynamic class-data archive."""
 
 
 def drive(cache: Path, *args: str) -> None:
@@ -39,7 +36,7 @@ def test_the_first_driver_s_jvm_writes_the_archive_and_the_next_loads_spark_from
     jvm = cache / "jvm"
     # The JVM writes it as it exits, which may be after the driver's process ended; its header,
     # first word included, comes last.
-    wait_for(lambda: any(_first_word(p) == DYNAMIC_ARCHIVE for p in jvm.glob("*.part")),
+    wait_for(lambda: any(is_whole(p) for p in jvm.glob("*.part")),
              "the archive written by the exiting JVM", 120, 0.5)
 
     loaded = tmp_path / "classes.log"
@@ -49,8 +46,3 @@ def test_the_first_driver_s_jvm_writes_the_archive_and_the_next_loads_spark_from
     spark_context = [line for line in loaded.read_text().splitlines() if " org.apache.spark.SparkContext " in line]
     assert spark_context and "shared objects file (top)" in spark_context[0], spark_context
 
-
-def _first_word(path: Path) -> int | None:
-    with open(path, "rb") as file:
-        head = file.read(4)
-    return struct.unpack("=I", head)[0] if len(head) == 4 else None

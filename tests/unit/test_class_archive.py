@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from batchline import class_archive
-from batchline.class_archive import ARCHIVE_SWITCH, CACHE_DIR, archive_options
+from batchline.class_archive import ARCHIVE_SWITCH, CACHE_DIR, DYNAMIC_ARCHIVE_MAGIC, archive_options
 
-WHOLE = struct.pack("=I", 0xF00BABA8) + b"\0" * 60
+WHOLE = struct.pack("=I", DYNAMIC_ARCHIVE_MAGIC) + b"\0" * 60
 """The start of an archive whose header HotSpot wrote: a whole one."""
 
 
