@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 from collections.abc import Callable, Container, Iterable, Iterator, Mapping
 from typing import Any, cast
 
@@ -181,17 +182,19 @@ class StateEntries:
         """The entries of the keys that have one."""
         found: dict[Any, Entry] = {}
         unseen: list[Any] = []
-        for key in keys:
-            held = self._recent.get(key)
-            if held is None:
-                unseen.append(key)
-            elif held[0] is not None:
-                found[key] = held[0]
-        rows = self._rows_of(unseen)
-        hit = [(key, row) for key, row in zip(unseen, rows, strict=True) if row >= 0]
-        if hit:
-            entries = self._entries_at(np.array([row for _, row in hit], dtype=np.int64))
-            found.update(zip((key for key, _ in hit), entries, strict=True))
+        if not self._recent:
+            unseen = list(keys)
+        else:
+            for key in keys:
+                held = self._recent.get(key)
+                if held is None:
+                    unseen.append(key)
+                elif held[0] is not None:
+                    found[key] = held[0]
+        rows = self._base_rows(unseen)
+        present = rows >= 0
+        if present.any():
+            found.update(zip(itertools.compress(unseen, present.tolist()), self._entries_at(rows[present])))
         return found
 
     def locate(self, keys: list[Any]) -> np.ndarray:
@@ -350,11 +353,18 @@ class StateEntries:
         return held + (self._base.nbytes if self._base is not None else 0)
 
     # ---------------------------------------------------------------- changing
-    def update(self, changes: Mapping[Any, Entry | None], layout: pa.Schema | None = None) -> None:
+    def update(self, changes: Mapping[Any, Entry | None], layout: pa.Schema | None = None,
+               encoded: pa.Table | None = None) -> None:
         """Apply a batch's changes: an entry, or None (or ``(None, None)``) to remove the key.
-        ``layout``: the files' layout, for entries that were never loaded from a table."""
+        ``layout``: the files' layout, for entries that were never loaded from a table.
+        ``encoded``: the same changes in the files' layout, in their order (the delta written):
+        many go into the base from it, rather than through ``recent`` and encoded once more."""
         if self._schema is None and layout is not None:
             self._schema = layout.remove_metadata()
+        if encoded is not None and self._too_many(len(changes)):
+            keys = list(changes)
+            self.apply(encoded, self.locate(keys), keys)
+            return
         self._change(changes)
         if self._too_many(len(self._recent)):
             self.compact()
@@ -542,8 +552,12 @@ class StateEntries:
     def _rows_of(self, keys: list[Any]) -> list[int]:
         """Each key's row in the base, or -1. Rows ``recent`` speaks for are found too: the
         caller asks only for keys not in ``recent``."""
+        return self._base_rows(keys).tolist()
+
+    def _base_rows(self, keys: list[Any]) -> np.ndarray:
+        """``_rows_of`` as an int64 array."""
         if not keys or self._base is None or not len(self._order):
-            return [-1] * len(keys)
+            return np.full(len(keys), -1, dtype=np.int64)
         if self._by_value:
             probe, valid = _int64_probe(keys)
         else:
@@ -553,17 +567,16 @@ class StateEntries:
             matched &= valid
         rows = np.where(matched, at, -1)
         if self._by_value:
-            return rows.tolist()
+            return rows
         # Equal hashes are not equal keys: check the key at each row found, and look further
         # along the run of equal hashes when it is another key.
-        found = rows.tolist()
         candidates = np.flatnonzero(matched)
         if len(candidates):
             stored = self._keys_at(rows[candidates])
             for index, key in zip(candidates.tolist(), stored, strict=True):
                 if key != keys[index]:
-                    found[index] = self._scan(keys[index], int(probe[index]))
-        return found
+                    rows[index] = self._scan(keys[index], int(probe[index]))
+        return rows
 
     def _scan(self, key: Any, lookup: int) -> int:
         """The row of ``key`` among the base rows whose hash is ``lookup``, or -1."""
@@ -598,8 +611,9 @@ class StateEntries:
         count = len(rows)
         timeouts = (_timeouts(self._deadlines[rows]).to_pylist() if self._deadlines is not None
                     else [None] * count)
-        removed = (taken.column(REMOVED_COL).to_pylist() if REMOVED_COL in taken.column_names
-                   else [False] * count)
+        if REMOVED_COL not in taken.column_names:
+            return list(zip(values, timeouts, strict=True))
+        removed = taken.column(REMOVED_COL).to_pylist()
         return [(None if gone else value, timeout)
                 for value, timeout, gone in zip(values, timeouts, removed, strict=True)]
 

@@ -354,6 +354,8 @@ def _by_key(spec: OperatorSpec, rows: list[pa.RecordBatch]) -> dict[Any, list[tu
     if not rows:
         return groups
     make = _row_maker(rows[0].schema.names)
+    if len(spec.key_names) == 1 and _groups_on_arrow(rows[0].schema.field(spec.key_names[0]).type):
+        return _by_key_on_arrow(spec.key_names[0], rows, make)
     for batch in rows:
         columns = [as_python(column) for column in batch.columns]
         for key, row in zip(_keys_of(spec, batch), zip(*columns, strict=True), strict=True):
@@ -363,6 +365,30 @@ def _by_key(spec: OperatorSpec, rows: list[pa.RecordBatch]) -> dict[Any, list[tu
             else:
                 group.append(make(row))
     return groups
+
+
+def _groups_on_arrow(key_type: pa.DataType) -> bool:
+    """Whether Arrow groups a key column as a dict would: integers and strings (a float's NaNs
+    would fall into one group, and a dict keeps each NaN apart)."""
+    return pa.types.is_integer(key_type) or pa.types.is_string(key_type) or pa.types.is_large_string(key_type)
+
+
+def _by_key_on_arrow(key_name: str, rows: list[pa.RecordBatch], make: Callable[[Iterable[Any]], tuple[Any, ...]]
+                     ) -> dict[Any, list[tuple[Any, ...]]]:
+    """``_by_key`` for one integer or string key column: the rows sorted by key on Arrow
+    (the dictionary's codes number the keys in the order their first rows came), then sliced
+    per key, without a dict lookup per row."""
+    table = pa.Table.from_batches(rows).combine_chunks()
+    if not table.num_rows:
+        return {}
+    codes = pc.dictionary_encode(table.column(key_name), null_encoding="encode").chunk(0)
+    order = np.argsort(codes.indices.to_numpy(zero_copy_only=False), kind="stable")
+    ends = np.cumsum(np.bincount(codes.indices.to_numpy(zero_copy_only=False), minlength=len(codes.dictionary)))
+    grouped = table.take(pa.array(order))
+    made = list(map(make, zip(*[as_python(column) for column in grouped.columns], strict=True)))
+    starts = [0, *ends[:-1].tolist()]
+    return {key: made[start:end]
+            for key, start, end in zip(as_python(codes.dictionary), starts, ends.tolist(), strict=True)}
 
 
 def _count_event_times(spec: OperatorSpec, batch: pa.RecordBatch, stats: Stats) -> None:
@@ -461,9 +487,10 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     """The batch over a loaded partition: call, write the delta, apply it, record the finish;
     returns the output rows."""
     outputs, delta, bulk = _call_function(spec, params, cached, rows, stats)
-    delta_table = _delta_table(spec, params, delta)
+    changes = _delta_table(spec, params, delta)
+    delta_table = changes
     if bulk is not None:
-        delta_table = pa.concat_tables([delta_table, bulk.changes.cast(delta_table.schema)]).combine_chunks()
+        delta_table = pa.concat_tables([changes, bulk.changes.cast(changes.schema)]).combine_chunks()
     version = params.version_of(partition)
     stats.delta_bytes = spec.store.write_version(
         spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table)
@@ -480,7 +507,7 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
         # First: the merge of many changes into the base is quickest while ``recent`` is
         # empty; the keys of the two parts are distinct.
         cached.data.entries.apply(bulk.changes, bulk.rows, bulk.keys)
-    cached.data.entries.update(delta, delta_table.schema)
+    cached.data.entries.update(delta, changes.schema, encoded=changes)
     cached.data.version = params.batch_time
     cached.data.deltas_since_snapshot += 1
     cached.data.initial_keys = frozenset()
@@ -596,18 +623,20 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
     entries = cached.data.entries.get_many(itertools.chain(groups, initial, (key for key, _ in due)))
     outputs: list[tuple[tuple[Any, ...], Any]] = []
     delta: _Delta = {}
-    make, unmake = spec.state.make, spec.output.unmake
+    # Looked up once: the call below runs for every key of the batch.
+    make, unmake, stored, fn, flat = spec.state.make, spec.output.unmake, spec.state.unmake, spec.fn, spec.flat
+    ended = params.end_of_input
     where = f"the state function of operator {spec.operator!r}"
 
     def call(key: Any, rows: list[tuple[Any, ...]], timed_out: bool) -> None:
         current = entries.get(key)
         value, old_deadline = current if current is not None else (None, None)
         state = GroupState(make(value) if value is not None else None, timeout, batch_time, watermark,
-                           has_timed_out=timed_out, input_ended=params.end_of_input)
+                           has_timed_out=timed_out, input_ended=ended)
         stats.keys_called += 1
         try:
-            result = spec.fn(key, iter(rows), state)
-            produced = (result if result is not None else ()) if spec.flat else (result,)
+            result = fn(key, iter(rows), state)
+            produced = (result if result is not None else ()) if flat else (result,)
             for row in produced:
                 outputs.append((unmake(row), key))
         except Exception:
@@ -617,11 +646,11 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
         stats.updated += state.updated
         stats.removed += state.removed and value is not None
         deadline = state.timeout_timestamp_ms if state.timeout_timestamp_ms != NO_TIMESTAMP else None
-        if params.end_of_input:
+        if ended:
             deadline = None  # the inputs ended: the timer could only fire at once, again and again
         if state.updated:
             try:
-                updated = spec.state.unmake(state.get())
+                updated = stored(state.get())
             except TypeError:
                 raise _failure(spec, params, ErrorKind.WRONG_STATE_TYPE, key,
                                f"{where} updated the state with a value of the wrong type for key {key!r} in batch "

@@ -94,6 +94,8 @@ def timeout_duration_ms(duration: object, what: str, allow_zero: bool = False) -
     a string a duration such as "2 seconds" or "1 hour 30 minutes" (as Spark's interval strings,
     a month 31 days), a timedelta as it is; anything else is refused. Positive, or with
     ``allow_zero`` at least zero."""
+    if type(duration) is str:  # the usual case, first: the number checks below go through ABCs
+        return _parse_text_duration(duration, what, allow_zero)
     least = "zero or more" if allow_zero else "positive"
     if isinstance(duration, bool):
         raise ConfigurationError(f"{what} is milliseconds (a number) or a duration such as '2 seconds'; got "

@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import datetime as _dt
 import json
+import operator
 import re
 import types
 import typing
@@ -278,6 +279,16 @@ def as_python(column: pa.ChunkedArray | pa.Array) -> list[Any]:
     return column.to_pylist()
 
 
+def _field_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    """An object's attributes ``names`` as a tuple, got in one C call (``attrgetter``)."""
+    if len(names) > 1:
+        return operator.attrgetter(*names)
+    if names:
+        one = operator.attrgetter(names[0])
+        return lambda value: (one(value),)
+    return lambda value: ()
+
+
 @dataclass(frozen=True)
 class RowSchema:
     """A declared row type: its Spark and Arrow schemas and the codec between user objects
@@ -294,8 +305,11 @@ class RowSchema:
 
     def __post_init__(self) -> None:
         # Read for every key of every batch: computed once.
-        object.__setattr__(self, "_names", tuple(self.struct.fieldNames()))
+        names = tuple(self.struct.fieldNames())
+        object.__setattr__(self, "_names", names)
         object.__setattr__(self, "_encode", any(e is not None for e in self._encoders))
+        object.__setattr__(self, "_decoded", tuple((at, d) for at, d in enumerate(self._decoders) if d is not None))
+        object.__setattr__(self, "_fields_of", _field_getter(names))
 
     @classmethod
     def of(cls, declared: Any) -> RowSchema:
@@ -339,13 +353,16 @@ class RowSchema:
             return row
         if self._plain:
             return self.cls(*row)
-        return self.cls(*[v if d is None else d(v) for v, d in zip(row, self._decoders, strict=True)])
+        values = list(row)
+        for at, decode in self._decoded:  # type: ignore[attr-defined]
+            values[at] = decode(values[at])
+        return self.cls(*values)
 
     def unmake(self, value: Any) -> tuple[Any, ...]:
         """A user object (dataclass, tuple, dict or Row) as a stored tuple, checked for shape."""
         names = self.names
         if self.cls is not None and isinstance(value, self.cls):
-            row: tuple[Any, ...] = tuple([getattr(value, n) for n in names])
+            row: tuple[Any, ...] = self._fields_of(value)  # type: ignore[attr-defined]
         elif isinstance(value, dict):
             missing = [n for n in names if n not in value]
             if missing:

@@ -51,8 +51,11 @@ def _check(entries: StateEntries, truth: dict) -> None:
         assert entries.due(at) == due
 
 
+@pytest.mark.parametrize("encoded", [False, True], ids=["from-python", "with-the-delta-written"])
 @pytest.mark.parametrize("kind", ["int", "int32", "str", "compound"])
-def test_reads_and_changes_match_a_dict_across_merges(kind, monkeypatch):
+def test_reads_and_changes_match_a_dict_across_merges(kind, encoded, monkeypatch):
+    """``encoded``: each batch's changes come with the delta table the task wrote, as the
+    operator passes them, so many go into the base from Arrow rather than from Python."""
     monkeypatch.setattr(entries_module, "_MIN_RECENT", 8)  # merge often
     key_schema = {
         "int": StructType([StructField("k", LongType())]),
@@ -84,7 +87,12 @@ def test_reads_and_changes_match_a_dict_across_merges(kind, monkeypatch):
                 changes[key] = (None, 1000 + rng.randrange(50))  # a timer without state
             else:
                 changes[key] = ((rng.randrange(9), rng.randrange(99)), rng.choice([None, 1000 + rng.randrange(50)]))
-        entries.update(changes, layout)
+        if encoded:
+            delta = {key: (None, None) if entry is None else entry for key, entry in changes.items()}
+            table = entries_table(key_schema, STATE, ((k, *e) for k, e in delta.items()), len(key_schema.fields) == 1)
+            entries.update(delta, layout, encoded=table)
+        else:
+            entries.update(changes, layout)
         for key, entry in changes.items():
             if entry is None:
                 truth.pop(key, None)
@@ -255,3 +263,19 @@ def test_deltas_merged_at_once_keep_each_compound_key_s_last_row(monkeypatch):
         entries.update({("seed", NAIVE_2026 - dt.timedelta(days=9)): ((0, 0), None)}, layout)
         entries.merge(deltas, into_base=into_base)
         assert dict(entries.items()) == {("seed", NAIVE_2026 - dt.timedelta(days=9)): ((0, 0), None), **truth}
+
+
+@pytest.mark.parametrize("column", [pa.array([3, None, 1, 3, 2, None, 1, 3], pa.int64()),
+                                    pa.array([7, 5, 5, 7, 1, 1, 9, 7], pa.int16()),
+                                    pa.array(["b", "a", None, "b", "c", "a", None, "b"])],
+                         ids=["int64-with-nulls", "int16", "string-with-nulls"])
+def test_a_batch_s_rows_grouped_on_arrow_come_as_a_dict_groups_them(column):
+    """Keys in the order their first rows came, each key's rows in their order, nulls one key."""
+    assert execution._groups_on_arrow(column.type)
+    batch = pa.record_batch({"k": column, "n": pa.array(range(len(column)))})
+    grouped = execution._by_key(SimpleNamespace(key_names=["k"]), [batch.slice(0, 3), batch.slice(3)])
+    expected: dict = {}
+    for key, n in zip(column.to_pylist(), range(len(column)), strict=True):
+        expected.setdefault(key, []).append((key, n))
+    assert list(grouped.items()) == list(expected.items())
+    assert [row.n for row in grouped[column[0].as_py()]] == [n for k, n in expected[column[0].as_py()]]
