@@ -194,7 +194,8 @@ class StateEntries:
         rows = self._base_rows(unseen)
         present = rows >= 0
         if present.any():
-            found.update(zip(itertools.compress(unseen, present.tolist()), self._entries_at(rows[present]), strict=True))
+            entries = self._entries_at(rows[present])
+            found.update(zip(itertools.compress(unseen, present.tolist()), entries, strict=True))
         return found
 
     def locate(self, keys: list[Any]) -> np.ndarray:
