@@ -1,17 +1,21 @@
 """A local session's Python workers are forked from batchline's daemon, which imported a state
-task's modules before it forked them: a new worker starts without importing them again."""
+task's modules before it forked them: a new worker starts without importing them again. With
+pip's PySpark they import it as installed (with its bytecode), not from Spark's zip of its
+sources, which the daemon takes off the path."""
 
 import os
 import sys
 from collections.abc import Iterator
 
 import pyarrow as pa
+import pyspark
 from pyspark.sql.types import BooleanType, StringType, StructField, StructType
 
 from batchline.spark import WORKER_DAEMON, WORKER_DAEMON_CONF
 from batchline.worker_daemon import PRELOADED
 
-SEEN = StructType([StructField("parent", StringType()), StructField("loaded", BooleanType())])
+SEEN = StructType([StructField("parent", StringType()), StructField("loaded", BooleanType()),
+                   StructField("pyspark", StringType())])
 
 
 def _what_the_worker_inherited(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -20,7 +24,7 @@ def _what_the_worker_inherited(batches: Iterator[pa.RecordBatch]) -> Iterator[pa
     with open(f"/proc/{os.getppid()}/cmdline", "rb") as cmdline:
         parent = cmdline.read().replace(b"\0", b" ").decode()
     loaded = all(name in sys.modules for name in PRELOADED)
-    yield pa.RecordBatch.from_pydict({"parent": [parent], "loaded": [loaded]})
+    yield pa.RecordBatch.from_pydict({"parent": [parent], "loaded": [loaded], "pyspark": [pyspark.__file__]})
 
 
 def test_workers_come_from_the_daemon_that_preloads_the_state_path(spark):
@@ -30,3 +34,4 @@ def test_workers_come_from_the_daemon_that_preloads_the_state_path(spark):
     for row in rows:
         assert f"-m {WORKER_DAEMON}" in row["parent"], row["parent"]
         assert row["loaded"]
+        assert row["pyspark"] == pyspark.__file__  # the driver's: the installed package, not the zip
