@@ -152,7 +152,7 @@ def driver(input_dir: str, checkpoint: str, out: str, calls: str, burn_iteration
                         "completion of operator": f"completion:{name}"}.get(what, name)
                 print(f"job {name} {args[1]} {record.created:.3f}", flush=True)
 
-    scheduler_log = logging.getLogger("batchline.scheduler.job_scheduler")
+    scheduler_log = logging.getLogger("batchline.scheduler.batch_run")
     scheduler_log.setLevel(logging.DEBUG)
     scheduler_log.addHandler(JobStarts())
     scheduler_log.propagate = False
