@@ -382,9 +382,9 @@ def _by_key_on_arrow(key_name: str, rows: list[pa.RecordBatch], make: Callable[[
     if not table.num_rows:
         return {}
     codes = pc.dictionary_encode(table.column(key_name), null_encoding="encode").chunk(0)
-    order = np.argsort(codes.indices.to_numpy(zero_copy_only=False), kind="stable")
-    ends = np.cumsum(np.bincount(codes.indices.to_numpy(zero_copy_only=False), minlength=len(codes.dictionary)))
-    grouped = table.take(pa.array(order))
+    numbers = codes.indices.to_numpy(zero_copy_only=False)
+    ends = np.cumsum(np.bincount(numbers, minlength=len(codes.dictionary)))
+    grouped = table.take(pa.array(np.argsort(numbers, kind="stable")))
     made = list(map(make, zip(*[as_python(column) for column in grouped.columns], strict=True)))
     starts = [0, *ends[:-1].tolist()]
     return {key: made[start:end]
@@ -488,9 +488,8 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     returns the output rows."""
     outputs, delta, bulk = _call_function(spec, params, cached, rows, stats)
     changes = _delta_table(spec, params, delta)
-    delta_table = changes
-    if bulk is not None:
-        delta_table = pa.concat_tables([changes, bulk.changes.cast(changes.schema)]).combine_chunks()
+    delta_table = (changes if bulk is None
+                   else pa.concat_tables([changes, bulk.changes.cast(changes.schema)]).combine_chunks())
     version = params.version_of(partition)
     stats.delta_bytes = spec.store.write_version(
         spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table)
