@@ -201,11 +201,11 @@ class StateEntries:
     def locate(self, keys: list[Any]) -> np.ndarray:
         """Each key's base row (int64), or -1: no entry, or one ``recent`` holds."""
         if not self._recent:
-            return np.array(self._rows_of(keys), dtype=np.int64)
+            return self._base_rows(keys)
         rows = np.full(len(keys), -1, dtype=np.int64)
         unseen = [at for at, key in enumerate(keys) if key not in self._recent]
         if unseen:
-            rows[unseen] = self._rows_of([keys[at] for at in unseen])
+            rows[unseen] = self._base_rows([keys[at] for at in unseen])
         return rows
 
     def table_of(self, keys: list[Any], rows: np.ndarray | None = None, missing_ok: bool = False,
