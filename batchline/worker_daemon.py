@@ -14,12 +14,18 @@ start (numpy's OpenBLAS pool, Arrow's jemalloc background thread) are made safe 
 by their libraries' ``pthread_atfork`` handlers, and Arrow's thread pools start on first use.
 A module that fails to import is left to the worker, as without this daemon.
 
-Spark puts ``<SPARK_HOME>/python/lib/pyspark.zip`` first on a worker's path. With pip's
-PySpark, SPARK_HOME is the installed package itself, and that zip is a copy of its sources
-without bytecode: importing from it compiles every PySpark module again at each daemon start
-(about a second of CPU, on a driver's start, when the cores are busiest), and each worker's
-first task reads the zip's directory again. This daemon takes that copy off the path when the
-package it copies is importable as installed, and imports the same files from there.
+Spark puts ``<SPARK_HOME>/python/lib/pyspark.zip`` and the ``py4j-<version>-src.zip`` beside it
+first on a worker's path. With pip's PySpark, SPARK_HOME is the installed package itself, and
+those zips are copies of installed sources without bytecode: importing from them compiles
+every PySpark and Py4J module again at each daemon start (about a second of CPU, on a driver's
+start, when the cores are busiest), and every task of every worker reads their directories
+again (``importlib.invalidate_caches``, 15 ms for PySpark's). This daemon takes such a copy off
+the path, and out of the import system's cache of path entries, when the package it copies is
+installed in a folder on the path, and imports the same files from there.
+
+Two imports that each worker made on its own are made here too: pandas, which pyarrow imports
+the first time a task turns Python values into Arrow (half a second of CPU), and batchline's
+API, which a worker imports when it unpickles a function from a module that imports batchline.
 """
 
 from __future__ import annotations
@@ -30,20 +36,26 @@ import sys
 
 __all__ = ["PRELOADED"]
 
-PRELOADED = ("pyarrow", "pyarrow.compute", "pyarrow.ipc", "numpy", "pyspark.worker", "batchline.state.execution")
+PRELOADED = ("pyarrow", "pyarrow.compute", "pyarrow.ipc", "numpy", "pandas", "pyspark.worker",
+             "batchline.state.execution", "batchline.api.context")
 
 
-def _installed_copy_off_the_path(path: list[str]) -> None:
-    """Remove from ``path`` a ``<package>/python/lib/pyspark.zip`` whose ``<package>`` is the
-    ``pyspark`` package in a folder that is itself on ``path`` (pip's PySpark)."""
+def _installed_copy_off_the_path(path: list[str], importers: dict[str, object]) -> None:
+    """Remove from ``path`` and from ``importers`` (``sys.path_importer_cache``) the zips in a
+    ``<package>/python/lib`` whose ``<package>`` is the ``pyspark`` package in a folder that is
+    itself on ``path`` (pip's PySpark): ``pyspark.zip``, and ``py4j-<version>-src.zip`` when
+    that version of Py4J is installed in a folder on ``path``."""
     folders = {os.path.realpath(entry) for entry in path if entry}
     for entry in list(path):
-        if os.path.basename(entry) != "pyspark.zip":
-            continue
-        package = os.path.dirname(os.path.dirname(os.path.dirname(entry)))
-        if (os.path.basename(package) == "pyspark" and os.path.isfile(os.path.join(package, "__init__.py"))
+        lib, name = os.path.split(entry)
+        package = os.path.dirname(os.path.dirname(lib))
+        if not (os.path.basename(package) == "pyspark" and os.path.isfile(os.path.join(package, "__init__.py"))
                 and os.path.realpath(os.path.dirname(package)) in folders):
+            continue
+        if name == "pyspark.zip" or (name.startswith("py4j-") and name.endswith("-src.zip") and any(
+                os.path.isdir(os.path.join(folder, f"py4j-{name[5:-8]}.dist-info")) for folder in folders)):
             path.remove(entry)
+            importers.pop(entry, None)
 
 
 def _preload() -> None:
@@ -55,7 +67,7 @@ def _preload() -> None:
 
 
 if __name__ == "__main__":
-    _installed_copy_off_the_path(sys.path)
+    _installed_copy_off_the_path(sys.path, sys.path_importer_cache)
     _preload()
     from pyspark.daemon import manager
 
