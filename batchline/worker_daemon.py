@@ -33,6 +33,8 @@ from __future__ import annotations
 import importlib
 import os
 import sys
+from collections.abc import MutableMapping
+from typing import Any
 
 __all__ = ["PRELOADED"]
 
@@ -40,7 +42,7 @@ PRELOADED = ("pyarrow", "pyarrow.compute", "pyarrow.ipc", "numpy", "pandas", "py
              "batchline.state.execution", "batchline.api.context")
 
 
-def _installed_copy_off_the_path(path: list[str], importers: dict[str, object]) -> None:
+def _installed_copy_off_the_path(path: list[str], importers: MutableMapping[str, Any]) -> None:
     """Remove from ``path`` and from ``importers`` (``sys.path_importer_cache``) the zips in a
     ``<package>/python/lib`` whose ``<package>`` is the ``pyspark`` package in a folder that is
     itself on ``path`` (pip's PySpark): ``pyspark.zip``, and ``py4j-<version>-src.zip`` when
