@@ -41,7 +41,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 __all__ = ["ARCHIVE_SWITCH", "CACHE_DIR", "DRIVER_JAVA_OPTIONS", "DYNAMIC_ARCHIVE_MAGIC", "KEEP", "archive_dir",
-           "archive_options", "is_whole", "writes_archive"]
+           "archive_options", "is_whole"]
 
 logger = logging.getLogger(__name__)
 
@@ -102,20 +102,12 @@ def archive_options(java: str, spark_home: str, settings: Mapping[str, str]) -> 
     return " ".join([*_QUIET, shlex.quote(option)])
 
 
-def writes_archive(java_options: str) -> bool:
-    """Whether a JVM started with ``java_options`` (the driver's) writes an archive when it exits."""
-    return any(option.startswith("-XX:ArchiveClassesAtExit=") for option in shlex.split(java_options))
-
-
 def _key(java: str, spark_home: str, settings: Mapping[str, str]) -> str:
     """What an archive must match, hashed: the java binary, Spark's jars, and the settings, JVM
     options and environment that change the driver's class path or memory layout."""
     jars = Path(spark_home) / "jars"
     java_stat = os.stat(java)
     identity = {
-        # Archives written before the writing JVM toured a batch's code paths
-        # (batchline.api.class_tour) lack those classes: a new name makes the next start write one.
-        "contents": "toured",
         "java": [os.path.realpath(java), java_stat.st_size, java_stat.st_mtime_ns],
         "spark_home": os.path.realpath(spark_home),
         "jars": sorted((entry.name, entry.stat().st_size) for entry in os.scandir(jars)) if jars.is_dir() else [],

@@ -7,8 +7,7 @@ the checkpoint and the job event store are read: one small job with a task per c
 job group of its own. It is done once per SparkContext; a failure is logged and changes
 nothing else. A pipeline stopped while it runs cancels it (``StartupWarmUp.stop``) and waits for
 it before it returns, so a script that stops its Spark session next finds no job of ours
-running: a cancelled warm-up is logged at DEBUG, as nothing went wrong. A JVM that writes the
-class-data archive then also tours a batch's code paths (``batchline.api.class_tour``).
+running: a cancelled warm-up is logged at DEBUG, as nothing went wrong.
 
 An idle pipeline pays the same cold work again (issue 19): its batches run no Spark job, and
 Spark stops Python workers that sat idle for a minute (``PythonWorkerFactory``'s fixed
@@ -32,7 +31,6 @@ from pyspark import SparkContext
 from pyspark.sql import SparkSession
 from pyspark.sql.types import LongType, StructField, StructType
 
-from batchline.api.class_tour import tour_for_the_archive
 from batchline.scheduler.listener import StreamingListener
 from batchline.scheduler.progress import BatchProgress
 from batchline.spark import WORKER_DAEMON, WORKER_DAEMON_CONF
@@ -103,19 +101,11 @@ def warm_up(spark: SparkSession) -> StartupWarmUp | None:
         _warmed.add(id(context))
 
     warming = StartupWarmUp(id(context), lambda: context.cancelJobGroup(JOB_GROUP))
-    warming.thread = threading.Thread(target=_warm_start, args=(spark, warming.stopping, _forks_warm(context)),
+    warming.thread = threading.Thread(target=_run_warm_job, args=(spark, "the first batch starts cold",
+                                                                  warming.stopping, _forks_warm(context)),
                                       name="batchline-warm-up", daemon=True)
     warming.thread.start()
     return warming
-
-
-def _warm_start(spark: SparkSession, stopping: threading.Event, one_task: bool) -> None:
-    """The warm-up job, then, in a JVM that writes the class-data archive, the tour of a
-    batch's code paths that puts their classes in it (``batchline.api.class_tour``)."""
-    _run_warm_job(spark, "the first batch starts cold", stopping, one_task)
-    if not stopping.is_set():
-        spark.sparkContext.setJobGroup(JOB_GROUP, "batchline: touring a batch's code paths for the class archive", True)
-        tour_for_the_archive(spark, stopping)
 
 
 def _forks_warm(context: SparkContext) -> bool:

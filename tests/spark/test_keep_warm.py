@@ -164,15 +164,3 @@ def test_a_pipeline_stopped_right_after_its_start_cancels_its_warm_up_quietly(sp
     said = [r for r in caplog.records if r.name == "batchline.api.warmup"]
     assert [r.levelno for r in said] == [logging.DEBUG] and "cancelled" in said[0].getMessage(), \
         [(r.levelname, r.getMessage()) for r in said]
-
-
-def test_the_start_up_warm_up_then_tours_a_batch_s_code_paths_for_the_class_archive(spark, monkeypatch):
-    """The tour decides itself whether its JVM writes an archive (tests/spark/test_class_archive.py);
-    the start-up warm-up hands it the SparkSession and its stop, after its own job."""
-    monkeypatch.setattr(warmup, "_warmed", set())
-    toured: list[tuple[object, threading.Event]] = []
-    monkeypatch.setattr(warmup, "tour_for_the_archive", lambda session, stopping: toured.append((session, stopping)))
-    warming = warmup.warm_up(spark)
-    assert warming is not None and warming.thread is not None
-    warming.thread.join(120)
-    assert toured == [(spark, warming.stopping)]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchline import class_archive
-from batchline.class_archive import ARCHIVE_SWITCH, CACHE_DIR, DYNAMIC_ARCHIVE_MAGIC, archive_options, writes_archive
+from batchline.class_archive import ARCHIVE_SWITCH, CACHE_DIR, DYNAMIC_ARCHIVE_MAGIC, archive_options
 
 WHOLE = struct.pack("=I", DYNAMIC_ARCHIVE_MAGIC) + b"\0" * 60
 """The start of an archive whose header HotSpot wrote: a whole one."""
@@ -147,10 +147,3 @@ def test_a_path_with_spaces_stays_one_option(java, spark_home, tmp_path, monkeyp
     monkeypatch.setenv(CACHE_DIR, str(tmp_path / "my cache"))
     part = option(archive_options(java, str(spark_home), {}), "ArchiveClassesAtExit")
     assert part is not None and " " in part and part.endswith(".part")
-
-
-def test_a_jvm_writes_an_archive_when_its_options_say_so(java, spark_home, cache):
-    writing = archive_options(java, str(spark_home), {})
-    assert writing is not None and writes_archive(writing)
-    assert not writes_archive(f"-Xmx1g -XX:SharedArchiveFile={cache}/spark-x.jsa")
-    assert not writes_archive("")
