@@ -54,8 +54,9 @@ def _installed_copy_off_the_path(path: list[str], importers: MutableMapping[str,
         if not (os.path.basename(package) == "pyspark" and os.path.isfile(os.path.join(package, "__init__.py"))
                 and os.path.realpath(os.path.dirname(package)) in folders):
             continue
-        if name == "pyspark.zip" or (name.startswith("py4j-") and name.endswith("-src.zip") and any(
-                os.path.isdir(os.path.join(folder, f"py4j-{name[5:-8]}.dist-info")) for folder in folders)):
+        py4j_version = name.removeprefix("py4j-").removesuffix("-src.zip")
+        if name == "pyspark.zip" or (name == f"py4j-{py4j_version}-src.zip" and any(
+                os.path.isdir(os.path.join(folder, f"py4j-{py4j_version}.dist-info")) for folder in folders)):
             path.remove(entry)
             importers.pop(entry, None)
 

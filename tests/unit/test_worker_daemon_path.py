@@ -24,8 +24,7 @@ def _package(site: Path, py4j: str | None = "0.10.9.9") -> Path:
 
 def test_the_installed_packages_own_zips_leave_the_path_and_the_importer_cache(tmp_path):
     lib = _package(tmp_path / "site-packages")
-    zips = [str(lib / "pyspark.zip"), str(lib / PY4J_ZIP)]
-    path = [*zips, "", str(tmp_path / "site-packages")]
+    path = [str(lib / "pyspark.zip"), str(lib / PY4J_ZIP), "", str(tmp_path / "site-packages")]
     importers: dict[str, object] = {entry: object() for entry in path}
     _installed_copy_off_the_path(path, importers)
     assert path == ["", str(tmp_path / "site-packages")]
