@@ -237,13 +237,11 @@ class JobEventStore:
         """Whether a crash could have cut a write of this batch's records short: no later batch
         is committed. Batches commit in order, but later ones are logged, and their tasks write,
         while this one still runs."""
-        return self.interval_ms is None or not self.storage.exists(_completed(batch_time + self.interval_ms))
+        return self.interval_ms is None or not self.storage.has_file(_completed(batch_time + self.interval_ms))
 
     def _read(self, name: str, batch_time: int) -> dict[str, Any] | None:
-        if not self.storage.exists(name):
-            return None
         try:
-            return self.storage.read_sealed(name)
+            return self.storage.read_sealed_if_present(name)
         except CorruptFileError as error:
             later = self._written_after(name, batch_time) if isinstance(error, TornFileError) else None
             if not isinstance(error, TornFileError) or not self._in_flight(batch_time) or later:
@@ -278,7 +276,7 @@ class JobEventStore:
         written after it are there: the batch ran with inputs no longer known, and running it
         with others could contradict what it already wrote (its output's commit, its state)."""
         name = _started(batch_time)
-        if self.storage.exists(name):
+        if self.storage.has_file(name):
             return
         later = [n for n in self.storage.list_names(_batch_dir(batch_time)) if n != "started.json"]
         if later:
@@ -339,10 +337,9 @@ class JobEventStore:
         return removed
 
     def _purge_record(self) -> PurgeRecord | None:
-        if not self.storage.exists(PURGE_RECORD):
-            return None
         try:
-            return PurgeRecord.from_json(self.storage.read_sealed(PURGE_RECORD))
+            payload = self.storage.read_sealed_if_present(PURGE_RECORD)
+            return None if payload is None else PurgeRecord.from_json(payload)
         except (CorruptFileError, KeyError, TypeError, ValueError) as error:
             # Only a hint of where to start: a listing finds everything it would have.
             logger.warning("Ignoring the unreadable purge record %s (%s); this purge lists the event log",

@@ -106,14 +106,13 @@ class Lease:
 
     def _read(self) -> tuple[LeaseRecord | None, str | None]:
         """The lease, or None with what is wrong with the file (None: there is none)."""
-        if not self._storage.exists(LEASE_FILE):
+        data = self._storage.read_if_present(LEASE_FILE)
+        if data is None:
             return None, None
         try:
-            return LeaseRecord.from_json(unseal(self._storage.read(LEASE_FILE), LEASE_FILE)), None
+            return LeaseRecord.from_json(unseal(data, LEASE_FILE)), None
         except (CorruptFileError, TypeError) as error:
             return None, str(error)
-        except FileNotFoundError:
-            return None, None
 
     def _first_token(self, current: LeaseRecord | None, damage: str | None) -> int:
         """The token this acquisition takes: one more than the lease's. Without a readable lease
@@ -227,8 +226,8 @@ class Lease:
 def check_token(storage: CheckpointStorage, token: int, what: str) -> None:
     """Raise FencedError unless the location's lease still carries ``token``: what a task checks
     before it records work done for its driver (a driver taken over must not record any)."""
-    exists = storage.exists(LEASE_FILE)
-    current = LeaseRecord.from_json(unseal(storage.read(LEASE_FILE), LEASE_FILE)) if exists else None
+    data = storage.read_if_present(LEASE_FILE)
+    current = LeaseRecord.from_json(unseal(data, LEASE_FILE)) if data is not None else None
     if current is None or current.token != token:
         raise FencedError(
             f"{what}: the driver with lease token {token} lost its lease on {storage.url} (now "

@@ -41,6 +41,9 @@ logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
 
+_S3_ONE_REQUEST_COPY_BYTES = 5 * 2**30
+"""S3's CopyObject copies up to 5 GiB; a larger object takes a multipart copy."""
+
 
 class CorruptFileError(BatchlineError):
     """A stored file is torn or does not match its checksum."""
@@ -312,11 +315,44 @@ class CheckpointStorage:
         return self._reaching(what, lambda: call(next(tries) > 0))
 
     def exists(self, relative: str) -> bool:
+        """Whether a file or a folder is at ``relative``. On an object store a miss costs a HEAD
+        and a listing: a file's own presence is ``has_file``, a file to read ``read_if_present``."""
         path = self.path(relative)
 
         def look() -> bool:
             self._forget_listings(path)
             return bool(self.fs.exists(path))
+        return self._reaching(f"(looking for {relative})", look)
+
+    def has_file(self, relative: str) -> bool:
+        """Whether a file is at ``relative``: on S3 one HEAD (fsspec's ``exists`` lists the
+        prefix too when there is no such object, to find a folder)."""
+        path = self.path(relative)
+
+        def look() -> bool:
+            if self._create_kind is not ExclusiveCreate.S3:
+                self._forget_listings(path)
+                return bool(self.fs.isfile(path))
+            bucket, key, _ = self.fs.split_path(path)
+            try:
+                self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                return False
+            return True
+        return self._reaching(f"(looking for {relative})", look)
+
+    def has_folder(self, relative: str) -> bool:
+        """Whether anything is stored under the folder ``relative``: on S3 one listing of at
+        most one key."""
+        path = self.path(relative)
+
+        def look() -> bool:
+            if self._create_kind is not ExclusiveCreate.S3:
+                self._forget_listings(path)
+                return bool(self.fs.isdir(path))
+            bucket, key, _ = self.fs.split_path(path)
+            listed = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1)
+            return bool(listed.get("KeyCount") or listed.get("Contents") or listed.get("CommonPrefixes"))
         return self._reaching(f"(looking for {relative})", look)
 
     def _forget_listings(self, path: str) -> None:
@@ -329,8 +365,26 @@ class CheckpointStorage:
         # (FileExpired) when it was replaced in between, as the lease is while it is renewed.
         return self._reaching(f"(reading {relative})", lambda: bytes(self.fs.cat_file(self.path(relative))))
 
+    def read_if_present(self, relative: str) -> bytes | None:
+        """A small file's bytes, or None when there is none. On S3 one GET: ``exists`` then
+        ``read`` takes a HEAD (and a listing on a miss), and s3fs's read asks for the size with
+        a HEAD first, to read a large file in concurrent ranges."""
+        path = self.path(relative)
+        options = {"max_concurrency": 1} if self._create_kind is ExclusiveCreate.S3 else {}
+
+        def get() -> bytes | None:
+            try:
+                return bytes(self.fs.cat_file(path, **options))
+            except FileNotFoundError:
+                return None
+        return self._reaching(f"(reading {relative})", get)
+
     def read_sealed(self, relative: str) -> dict[str, Any]:
         return unseal(self.read(relative), self.full_url(relative))
+
+    def read_sealed_if_present(self, relative: str) -> dict[str, Any] | None:
+        data = self.read_if_present(relative)
+        return None if data is None else unseal(data, self.full_url(relative))
 
     def write_new(self, relative: str, data: bytes) -> None:
         """Write a new, never rewritten file, created exclusively where the store can (see
@@ -438,6 +492,21 @@ class CheckpointStorage:
                 os.unlink(temp)
             raise
         fsync_path(directory)
+
+    def copy_in(self, source_path: str, relative: str, size: int | None = None) -> None:
+        """Copy the file at ``source_path`` (a path on this file system, as ``path`` gives it) to
+        ``relative``. On S3, with the file's ``size`` known and within what one request copies,
+        one server-side copy: fsspec's copy first asks for the size with a HEAD."""
+        target = self.path(relative)
+        if self._create_kind is not ExclusiveCreate.S3 or size is None or size > _S3_ONE_REQUEST_COPY_BYTES:
+            if self.is_local:
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+            self.fs.cp_file(source_path, target)
+            return
+        source_bucket, source_key, _ = self.fs.split_path(source_path)
+        bucket, key, _ = self.fs.split_path(target)
+        self.fs.call_s3("copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": source_bucket, "Key": source_key})
+        self.fs.invalidate_cache(target)
 
     def delete(self, relative: str, recursive: bool = False) -> bool:
         """Delete a file (or a folder, ``recursive``); False when the store says it was not there."""

@@ -179,9 +179,10 @@ def load_latest_checkpoint(storage: CheckpointStorage) -> tuple[Checkpoint | Non
     entries: list[dict[str, Any]] = []
     manifest_read = False
     try:
-        if storage.exists(MANIFEST):
+        manifest = storage.read_sealed_if_present(MANIFEST)
+        if manifest is not None:
             manifest_read = True
-            entries = list(storage.read_sealed(MANIFEST)["checkpoints"])
+            entries = list(manifest["checkpoints"])
     except (CorruptFileError, KeyError, TypeError) as error:
         logger.warning("The checkpoint manifest is unreadable (%s); looking at the checkpoint files", error)
     if not entries:

@@ -121,10 +121,9 @@ def request_stop(storage: CheckpointStorage, clock: Clock, immediate: bool) -> t
 
 def read_stop_outcome(storage: CheckpointStorage) -> StopOutcome | None:
     try:
-        if not storage.exists(STOP_OUTCOME_FILE):
-            return None
-        return StopOutcome.from_json(unseal(storage.read(STOP_OUTCOME_FILE), STOP_OUTCOME_FILE))
-    except (CorruptFileError, FileNotFoundError, TypeError):
+        data = storage.read_if_present(STOP_OUTCOME_FILE)
+        return None if data is None else StopOutcome.from_json(unseal(data, STOP_OUTCOME_FILE))
+    except (CorruptFileError, TypeError):
         return None
 
 
@@ -141,10 +140,9 @@ def record_stop_outcome(storage: CheckpointStorage, outcome: StopOutcome) -> Non
 
 def _read_request(storage: CheckpointStorage) -> StopRequest | None:
     try:
-        if not storage.exists(STOP_REQUEST_FILE):
-            return None
-        return StopRequest(**unseal(storage.read(STOP_REQUEST_FILE), STOP_REQUEST_FILE))
-    except (CorruptFileError, FileNotFoundError, TypeError) as error:
+        data = storage.read_if_present(STOP_REQUEST_FILE)
+        return None if data is None else StopRequest(**unseal(data, STOP_REQUEST_FILE))
+    except (CorruptFileError, TypeError) as error:
         logger.warning("Ignoring an unreadable stop request at %s (%s)", storage.full_url(STOP_REQUEST_FILE), error)
         return None
 

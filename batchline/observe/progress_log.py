@@ -53,12 +53,13 @@ class ProgressLog(StreamingListener):
 
 def read_progress(storage: CheckpointStorage) -> list[BatchProgress]:
     """The records kept at the location, oldest first; none when there are none (or they are torn)."""
-    if not storage.exists(PROGRESS_FILE):
-        return []
     try:
-        payload = unseal(storage.read(PROGRESS_FILE), PROGRESS_FILE)
+        data = storage.read_if_present(PROGRESS_FILE)
+        if data is None:
+            return []
+        payload = unseal(data, PROGRESS_FILE)
         return [BatchProgress.from_json(record) for record in payload.get("progress", ())]
-    except (CorruptFileError, FileNotFoundError, TypeError, KeyError, json.JSONDecodeError) as error:
+    except (CorruptFileError, TypeError, KeyError, json.JSONDecodeError) as error:
         logger.warning("The progress records at %s are unreadable (%s); showing none",
                        storage.full_url(PROGRESS_FILE), error)
         return []

@@ -143,8 +143,8 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
             last = max((int(n.split(".")[0]) for n in names if n.split(".")[0].isdigit()), default=None)
         record = None
         if last is not None:
-            under_output = (not self._own.exists(_record_name(last))
-                            and self._storage.exists(migrations.file_sink_record_name_v1(last)))
+            under_output = (not self._own.has_file(_record_name(last))
+                            and self._storage.has_file(migrations.file_sink_record_name_v1(last)))
             record = self._record_url(last, under_output)
         return {"path": self.path, "batch_time": last, "record": record}
 
@@ -208,7 +208,7 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         """Steps 3 to 6 of a batch whose tasks staged files."""
         time_ms = attempt.batch_time
         # Step 3
-        if self._storage.exists(_target(time_ms)):
+        if self._storage.has_folder(_target(time_ms)):
             logger.warning("%s/%s exists without its commit record %s (written by an earlier release of batchline, "
                            "or the record was lost after a local publish put the batch there whole); leaving it as "
                            "it is", self.path, _target(time_ms), self._own.full_url(_record_name(time_ms)))
@@ -315,16 +315,16 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         """The snapshot's ``through_ms``, read once per run (this sink updates it itself after)."""
         if not self._compacted_read:
             self._compacted_read = True
-            if self._own.exists(COMPACTED_RECORD):
-                try:
-                    through = int(self._own.read_sealed(COMPACTED_RECORD)["through_ms"])
-                except (CorruptFileError, KeyError, TypeError, ValueError) as error:
-                    raise SinkError(
-                        f"the commit snapshot {self._own.full_url(COMPACTED_RECORD)} is unreadable ({error}); it "
-                        "tells which old batches are committed. Restore it from a backup, or write a new one with "
-                        'the newest batch time of the deleted records: {"through_ms": <ms>}') from error
-                if self._compacted_through is None or through > self._compacted_through:
-                    self._compacted_through = through
+            try:
+                snapshot = self._own.read_sealed_if_present(COMPACTED_RECORD)
+                through = None if snapshot is None else int(snapshot["through_ms"])
+            except (CorruptFileError, KeyError, TypeError, ValueError) as error:
+                raise SinkError(
+                    f"the commit snapshot {self._own.full_url(COMPACTED_RECORD)} is unreadable ({error}); it "
+                    "tells which old batches are committed. Restore it from a backup, or write a new one with "
+                    'the newest batch time of the deleted records: {"through_ms": <ms>}') from error
+            if through is not None and (self._compacted_through is None or through > self._compacted_through):
+                self._compacted_through = through
         return self._compacted_through
 
     def _read_record(self, time_ms: int) -> dict[str, Any] | None:
@@ -341,13 +341,11 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
     def _find_record(self, time_ms: int) -> dict[str, Any] | None:
         for storage, name in ((self._own, _record_name(time_ms)),
                               (self._storage, migrations.file_sink_record_name_v1(time_ms))):
-            if not storage.exists(name):
-                continue
             try:
-                record = storage.read_sealed(name)
+                record = storage.read_sealed_if_present(name)
             except CorruptFileError as error:
                 target = self._storage.full_url(_target(time_ms))
-                if not self._storage.is_local and self._storage.exists(_target(time_ms)):
+                if not self._storage.is_local and self._storage.has_folder(_target(time_ms)):
                     # Publishing had begun, so the record was whole once; on an object store the
                     # batch's files are copied one by one, and which of them are in place is unknown.
                     raise SinkError(
@@ -362,7 +360,8 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                                storage.full_url(name), time_ms, error, target)
                 storage.delete(name)
                 return None
-            return migrations.file_sink_record(record, under_output=storage is self._storage)
+            if record is not None:
+                return migrations.file_sink_record(record, under_output=storage is self._storage)
         return None
 
     def _home(self, record: dict[str, Any]) -> CheckpointStorage:
@@ -371,6 +370,7 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
 
     def _publish(self, time_ms: int, record: dict[str, Any], fresh: bool) -> None:
         staged_dir, files = record["staging"], [entry["file"] for entry in record["files"]]
+        sizes = {entry["file"]: entry.get("bytes") for entry in record["files"]}
         target, home = _target(time_ms), self._home(record)
         if self._storage.is_local:
             source, destination = home.path(staged_dir), self._storage.path(target)
@@ -391,10 +391,9 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         for name in files:
             if name not in in_place:
                 try:
-                    self._storage.fs.cp_file(home.path(f"{staged_dir}/{name}"),
-                                             self._storage.path(f"{target}/{name}"))
+                    self._storage.copy_in(home.path(f"{staged_dir}/{name}"), f"{target}/{name}", sizes[name])
                 except FileNotFoundError as error:
-                    if self._storage.exists(f"{target}/{name}"):
+                    if self._storage.has_file(f"{target}/{name}"):
                         continue  # another run of this batch copied it and dropped the staging meanwhile
                     raise self._lost(time_ms, record, target) from error
                 published += 1

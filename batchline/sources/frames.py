@@ -110,8 +110,10 @@ class DataFrameSource(IndexRangeSource):
     def _files(self) -> list[dict[str, Any]]:
         """The files and their row counts; read from the manifest (a restart replays logged
         batches before ``open``), empty until the rows are written."""
-        if self._written is None and self._kept.exists(self._manifest):
-            self._written = list(self._kept.read_sealed(self._manifest)["files"])
+        if self._written is None:
+            manifest = self._kept.read_sealed_if_present(self._manifest)
+            if manifest is not None:
+                self._written = list(manifest["files"])
         return self._written or []
 
     def open(self) -> None:

@@ -550,7 +550,7 @@ class FileStateStore(StateStore):
         return self._check_header(found, generation, partition, version, kind, self.storage.full_url(path))
 
     def has_version(self, generation: int, partition: int, version: int, kind: FileKind) -> bool:
-        return self.storage.exists(self._path(generation, partition, version, kind))
+        return self.storage.has_file(self._path(generation, partition, version, kind))
 
     def file_location(self, generation: int, partition: int, version: int, kind: FileKind) -> str:
         return self.storage.full_url(self._path(generation, partition, version, kind))
