@@ -174,8 +174,11 @@ class JobEventStore:
     def operator_initialized(self, batch_time: int, record: OperatorInitialized) -> None:
         """A re-run of the batch finds it written already, the same (a rescale makes a new generation)."""
         name = _operator(batch_time, record.operator, record.generation)
-        if self._read(name, batch_time) is None:
-            self._write_once(name, asdict(record))
+        try:  # written first, read only when it is there: a batch's first run makes one request
+            self.storage.write_new(name, seal(asdict(record)))
+        except FileExistsError:
+            if self._read(name, batch_time) is None:  # torn by a crash while it was written: dropped
+                self._write_once(name, asdict(record))
 
     def partition_finished(self, batch_time: int, record: PartitionFinished) -> None:
         """A retried task finds the record of an earlier attempt and keeps it: both did the same work."""

@@ -126,6 +126,10 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         """The first commit of a run compacts what earlier runs left; then every COMPACT_EVERY commits."""
         self._compaction: threading.Thread | None = None
         self.compaction_error: BaseException | None = None
+        self._layout_1_records: bool | None = None
+        """Whether the output holds records of layout 1 (None: not looked yet). Only releases
+        before 0.2 wrote them, and none of them runs beside this one on the same output, so a
+        run that finds none at its first look never needs to look for one again."""
 
     def __getstate__(self) -> dict[str, Any]:
         # A thread does not pickle; a copy of the sink (a task's) never compacts.
@@ -339,8 +343,12 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         return record
 
     def _find_record(self, time_ms: int) -> dict[str, Any] | None:
-        for storage, name in ((self._own, _record_name(time_ms)),
-                              (self._storage, migrations.file_sink_record_name_v1(time_ms))):
+        places = [(self._own, _record_name(time_ms))]
+        if self._layout_1_records is None:
+            self._layout_1_records = self._storage.has_folder(migrations.FILE_SINK_COMMITS_V1)
+        if self._layout_1_records:
+            places.append((self._storage, migrations.file_sink_record_name_v1(time_ms)))
+        for storage, name in places:
             try:
                 record = storage.read_sealed_if_present(name)
             except CorruptFileError as error:

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import pytest
 
-from batchline.checkpoint.events import JobEventStore
+from batchline.batch_time import BatchTime
+from batchline.checkpoint.events import JobEventStore, OperatorInitialized
 from batchline.checkpoint.lease import Lease, check_token
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import ManualClock
+from batchline.sinks.files import FileSink
+from batchline.sinks.sink import BatchContext
 
 BUCKET = "batchline-test"
 
@@ -84,6 +87,28 @@ def test_the_lease_is_checked_and_a_finish_record_looked_for_in_one_request_each
     assert events.finished(1000, "sessions", 0, 3) is None
     assert sent.take() == ["GetObject"]
     lease.release()
+
+
+def test_a_batch_s_operator_record_is_written_in_one_request_and_found_on_a_re_run(s3_storage):
+    events = JobEventStore(s3_storage)
+    record = OperatorInitialized("sessions", 8, 0)
+    sent = Requests(s3_storage)
+    events.operator_initialized(1000, record)
+    assert sent.take() == ["PutObject"]
+    events.operator_initialized(1000, record)  # the batch runs again after a restart
+    assert events.operator(1000, "sessions", 0) == record
+
+
+def test_the_file_output_looks_for_a_batch_s_commit_record_in_one_request(s3_endpoint, request):
+    sink = FileSink(f"s3://batchline-sink/requests/{request.node.name}/out", "json", storage_options=s3_endpoint)
+    sent = Requests(sink._own)
+    batch = BatchContext(BatchTime(1000), "files", "requests", 1)
+    assert not sink.is_committed(batch)
+    # The run's first look also makes sure no release before 0.2 left records under the output,
+    # and reads the snapshot of compacted records.
+    assert sent.take() == ["ListObjectsV2", "GetObject", "GetObject"]
+    assert not sink.is_committed(BatchContext(BatchTime(1500), "files", "requests", 1))
+    assert sent.take() == ["GetObject"]
 
 
 @pytest.mark.parametrize("where", ["local", "memory"])
