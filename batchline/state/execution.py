@@ -22,6 +22,7 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Container, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -491,8 +492,8 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     delta_table = (changes if bulk is None
                    else pa.concat_tables([changes, bulk.changes.cast(changes.schema)]).combine_chunks())
     version = params.version_of(partition)
-    stats.delta_bytes = spec.store.write_version(
-        spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table)
+    delta_written = _beside(lambda: spec.store.write_version(
+        spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table))
     if delta_table.num_rows:
         cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
     if (version is not None and cached.data.version == version
@@ -520,7 +521,7 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     result = pa.Table.from_batches([_output_batch(spec, params, outputs)])
     if bulk is not None and bulk.output.num_rows:
         result = pa.concat_tables([result, bulk.output])
-    _record_finish(spec, params, partition, stats, result)
+    _record_finish(spec, params, partition, stats, result, delta_written)
     report(stats)
     return result
 
@@ -559,16 +560,39 @@ def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, no
 
 
 def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stats: Stats,
-                   output: pa.Table) -> None:
+                   output: pa.Table, delta_written: Future[int]) -> None:
     """The partition's output beside its delta, then its finish record: from here on a restart
-    does not run the function for this partition and batch again (SPEC F2)."""
+    does not run the function for this partition and batch again (SPEC F2). The delta (being
+    written since before the resident state took it in), the output and the lease's check go
+    to the store side by side (on an object store, one round trip each); the finish record
+    waits for all three."""
     if spec.journal is None:
+        stats.delta_bytes = delta_written.result()
         return
-    spec.store.write_version(spec.generation, FileHeader(params.batch_time, partition, OUTPUT), output)
-    check_token(spec.journal.storage, params.token,
-                f"partition {partition} of operator {spec.operator!r} finished batch {params.batch_time}")
+    output_written = _beside(lambda: spec.store.write_version(
+        spec.generation, FileHeader(params.batch_time, partition, OUTPUT), output))
+    try:
+        check_token(spec.journal.storage, params.token,
+                    f"partition {partition} of operator {spec.operator!r} finished batch {params.batch_time}")
+    finally:
+        stats.delta_bytes = delta_written.result()
+        output_written.result()
     spec.journal.partition_finished(params.batch_time, PartitionFinished(
         spec.operator, partition, spec.generation, params.batch_time, output.num_rows, stats.to_json(), params.token))
+
+
+_writers: ThreadPoolExecutor | None = None
+_writers_lock = threading.Lock()
+
+
+def _beside(write: Callable[[], int]) -> Future[int]:
+    """``write`` on a thread of this process, beside the task's own work; the task waits for it
+    before it records its finish."""
+    global _writers
+    with _writers_lock:
+        if _writers is None:  # made in the worker that uses it: a forked worker has no threads of its parent
+            _writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchline-state-write")
+    return _writers.submit(write)
 
 
 _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]
