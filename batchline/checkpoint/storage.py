@@ -251,6 +251,8 @@ class CheckpointStorage:
         self.root = self.root.rstrip("/")
         self.is_local = isinstance(self.fs, LocalFileSystem)
         self._create_kind = _conditional_create(self.fs)
+        self._one_get: dict[str, Any] = {"max_concurrency": 1} if self._create_kind is ExclusiveCreate.S3 else {}
+        """What makes s3fs read a file in one GET, without asking for its size first."""
         self.exclusive_creates: bool = self._create_kind is not None
         if warn and not self.exclusive_creates:
             self._warn_no_exclusive_creates()
@@ -360,21 +362,23 @@ class CheckpointStorage:
         if not self.is_local:
             self.fs.invalidate_cache(path)
 
-    def read(self, relative: str) -> bytes:
-        # One GET: a file object would look the object up first and then refuse to read it
-        # (FileExpired) when it was replaced in between, as the lease is while it is renewed.
-        return self._reaching(f"(reading {relative})", lambda: bytes(self.fs.cat_file(self.path(relative))))
+    def read(self, relative: str, *, large: bool = False) -> bytes:
+        """A file's bytes, in one GET on S3 (a file object would look the object up first, and
+        then refuse to read it, FileExpired, when it was replaced in between, as the lease is
+        while it is renewed). ``large`` (a state snapshot, a kept input file): s3fs asks for the
+        size with a HEAD first, and reads a file beyond its block size in concurrent ranges."""
+        path = self.path(relative)
+        options = self._one_get if not large else {}
+        return self._reaching(f"(reading {relative})", lambda: bytes(self.fs.cat_file(path, **options)))
 
     def read_if_present(self, relative: str) -> bytes | None:
-        """A small file's bytes, or None when there is none. On S3 one GET: ``exists`` then
-        ``read`` takes a HEAD (and a listing on a miss), and s3fs's read asks for the size with
-        a HEAD first, to read a large file in concurrent ranges."""
+        """A file's bytes, or None when there is none: one GET on S3, where ``exists`` then
+        ``read`` takes a HEAD (and a listing on a miss) before it."""
         path = self.path(relative)
-        options = {"max_concurrency": 1} if self._create_kind is ExclusiveCreate.S3 else {}
 
         def get() -> bytes | None:
             try:
-                return bytes(self.fs.cat_file(path, **options))
+                return bytes(self.fs.cat_file(path, **self._one_get))
             except FileNotFoundError:
                 return None
         return self._reaching(f"(reading {relative})", get)

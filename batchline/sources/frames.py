@@ -186,7 +186,7 @@ class DataFrameSource(IndexRangeSource):
                     name = files[index]["file"]
                     where = storage.full_url(name)
                     try:
-                        data = storage.read(name)
+                        data = storage.read(name, large=True)
                     except FileNotFoundError:
                         raise DamagedInputFileError(where, "it is missing", carry=TaskContext.get() is not None) \
                             from None

@@ -546,7 +546,8 @@ class FileStateStore(StateStore):
 
     def read_version(self, generation: int, partition: int, version: int, kind: FileKind) -> VersionFile:
         path = self._path(generation, partition, version, kind)
-        found = decode_version_file(self.storage.read(path), kind, self.storage.full_url(path))
+        found = decode_version_file(self.storage.read(path, large=kind is SNAPSHOT), kind,
+                                    self.storage.full_url(path))
         return self._check_header(found, generation, partition, version, kind, self.storage.full_url(path))
 
     def has_version(self, generation: int, partition: int, version: int, kind: FileKind) -> bool:

@@ -51,6 +51,11 @@ def test_a_file_that_is_there_is_read_and_found_in_one_request(s3_storage):
     sent = Requests(s3_storage)
     assert s3_storage.read_if_present("records/1000.json") == b"a record"
     assert sent.take() == ["GetObject"]
+    assert s3_storage.read("records/1000.json") == b"a record"
+    assert sent.take() == ["GetObject"]
+    # A large file (a state snapshot) is sized first, to be read in concurrent ranges when it is.
+    assert s3_storage.read("records/1000.json", large=True) == b"a record"
+    assert sent.take() == ["HeadObject", "GetObject"]
     assert s3_storage.has_file("records/1000.json")
     assert sent.take() == ["HeadObject"]
     assert s3_storage.has_folder("records")
