@@ -310,8 +310,11 @@ def test_without_a_limit_every_due_batch_is_generated_before_the_first_commits_c
         g.loop.wait_for_entry("checkpoint after commit", 100)
         g.stop_now()
     assert g.loop.of("generated") == due
-    assert g.loop.index("checkpoint after commit", 100) > g.loop.index("generated", due[-1])
-    assert g.loop.most_ahead == 150
+    # All 150 were generated before the generator took the commit on. (Counted from the loop's
+    # own order: the test's commit lands while generation runs, so the scheduler's count of
+    # commits may include it before the last batches are generated, on a busy machine.)
+    taken_on = g.loop.index("checkpoint after commit", 100)
+    assert [t for kind, t in g.loop.entries[:taken_on] if kind == "generated"] == due
     assert not [m for m in logs.messages(GENERATOR) if "due" in m or "backlog" in m]
 
 
