@@ -332,12 +332,12 @@ class CheckpointStorage:
         path = self.path(relative)
 
         def look() -> bool:
-            if self._create_kind is not ExclusiveCreate.S3:
+            s3 = self._on_s3(path)
+            if s3 is None:
                 self._forget_listings(path)
                 return bool(self.fs.isfile(path))
-            bucket, key, _ = self.fs.split_path(path)
             try:
-                self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+                self.fs.call_s3("head_object", Bucket=s3[0], Key=s3[1])
             except FileNotFoundError:
                 return False
             return True
@@ -349,13 +349,21 @@ class CheckpointStorage:
         path = self.path(relative)
 
         def look() -> bool:
-            if self._create_kind is not ExclusiveCreate.S3:
+            s3 = self._on_s3(path)
+            if s3 is None:
                 self._forget_listings(path)
                 return bool(self.fs.isdir(path))
-            bucket, key, _ = self.fs.split_path(path)
-            listed = self.fs.call_s3("list_objects_v2", Bucket=bucket, Prefix=key.rstrip("/") + "/", MaxKeys=1)
+            listed = self.fs.call_s3("list_objects_v2", Bucket=s3[0], Prefix=s3[1].rstrip("/") + "/", MaxKeys=1)
             return bool(listed.get("KeyCount") or listed.get("Contents") or listed.get("CommonPrefixes"))
         return self._reaching(f"(looking for {relative})", look)
+
+    def _on_s3(self, path: str) -> tuple[str, str] | None:
+        """``path``'s bucket and key on S3, where batchline sends the one request fsspec's call
+        would precede with another; None on other stores."""
+        if self._create_kind is not ExclusiveCreate.S3:
+            return None
+        bucket, key, _ = self.fs.split_path(path)
+        return bucket, key
 
     def _forget_listings(self, path: str) -> None:
         # Object-store clients cache listings; a recovery decision must see the store itself.
@@ -502,14 +510,13 @@ class CheckpointStorage:
         ``relative``. On S3, with the file's ``size`` known and within what one request copies,
         one server-side copy: fsspec's copy first asks for the size with a HEAD."""
         target = self.path(relative)
-        if self._create_kind is not ExclusiveCreate.S3 or size is None or size > _S3_ONE_REQUEST_COPY_BYTES:
+        source, s3 = self._on_s3(source_path), self._on_s3(target)
+        if source is None or s3 is None or size is None or size > _S3_ONE_REQUEST_COPY_BYTES:
             if self.is_local:
                 os.makedirs(os.path.dirname(target), exist_ok=True)
             self.fs.cp_file(source_path, target)
             return
-        source_bucket, source_key, _ = self.fs.split_path(source_path)
-        bucket, key, _ = self.fs.split_path(target)
-        self.fs.call_s3("copy_object", Bucket=bucket, Key=key, CopySource={"Bucket": source_bucket, "Key": source_key})
+        self.fs.call_s3("copy_object", Bucket=s3[0], Key=s3[1], CopySource={"Bucket": source[0], "Key": source[1]})
         self.fs.invalidate_cache(target)
 
     def delete(self, relative: str, recursive: bool = False) -> bool:
