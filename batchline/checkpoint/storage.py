@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import fsspec
@@ -528,6 +528,40 @@ class CheckpointStorage:
                 return again  # tried again: the first try, whose answer was lost, deleted it
             return True
         return self._reaching_again(f"(deleting {relative})", delete)
+
+    def delete_files(self, relatives: Sequence[str]) -> None:
+        """Delete these files, those not there included: on an object store in one request per
+        1,000 names (a folder's ``delete`` lists it first)."""
+        paths = [self.path(relative) for relative in dict.fromkeys(relatives)]
+
+        def delete() -> None:
+            on_s3 = [place for place in map(self._on_s3, paths) if place is not None]
+            for start in range(0, len(on_s3), 1000):  # a key that is not there is no error to S3
+                chunk = on_s3[start:start + 1000]
+                self.fs.call_s3("delete_objects", Bucket=chunk[0][0],
+                                Delete={"Objects": [{"Key": key} for _, key in chunk], "Quiet": True})
+            if on_s3:
+                for path in paths:
+                    self._forget_listings(path)
+                return
+            for path in paths:  # one at a time elsewhere: fsspec's rm of a list takes names as globs
+                with contextlib.suppress(FileNotFoundError):
+                    self.fs.rm_file(path)
+        if paths:
+            self._reaching(f"(deleting {len(paths)} files)", delete)
+
+    def find_files(self, relative_dir: str) -> list[str]:
+        """The files under a folder, at any depth, relative to this location (one listing on an
+        object store, per 1,000 files); for recovery only, like ``list_names``."""
+        def listing() -> list[str]:
+            folder = self.path(relative_dir)
+            self._forget_listings(folder)
+            try:
+                found = self.fs.find(folder)
+            except FileNotFoundError:
+                return []
+            return sorted(str(path).removeprefix(self.root + "/") for path in found)
+        return self._reaching(f"(listing {relative_dir})", listing)
 
     def list_names(self, relative_dir: str) -> list[str]:
         """Names in a folder, for recovery only (never to find what this process just wrote)."""

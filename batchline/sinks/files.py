@@ -16,7 +16,9 @@ files appear one by one. So the sink writes the files itself, in three stages (o
 - The files are published to ``<path>/batch_time=<batch_time>/``: on a local disk by one
   rename of the whole directory (a sibling is on the same file system), so readers see the
   batch whole; on an object store by a server-side copy per file, each of which appears
-  whole. Then the staging is deleted.
+  whole. Then the staging is deleted. On an object store, what an earlier attempt of the batch
+  may have left (its batch folder, staged files) is looked for while the tasks run, so that
+  the commit waits for no listing: it deletes the staging by name, in one request.
 
 Nothing of the sink's own is under the output, so no reader meets a staged file, not even
 one that globs ``out/**/*.parquet`` (DuckDB) and does not skip ``_`` or ``.`` names; every
@@ -54,6 +56,8 @@ import tempfile
 import threading
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, date, datetime, time
 from decimal import Decimal
 from itertools import chain
@@ -130,11 +134,15 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         """Whether the output holds records of layout 1 (None: not looked yet). Only releases
         before 0.2 wrote them, and none of them runs beside this one on the same output, so a
         run that finds none at its first look never needs to look for one again."""
+        self._looks: dict[str, Future[_Left]] = {}
+        """Per write attempt on an object store: what earlier attempts left, looked for while
+        its tasks run (``prepare``); taken by its ``commit`` or ``abort``."""
+        self._looking: ThreadPoolExecutor | None = None
 
     def __getstate__(self) -> dict[str, Any]:
-        # A thread does not pickle; a copy of the sink (a task's) never compacts.
+        # Threads do not pickle; a copy of the sink (a task's) never compacts nor looks ahead.
         state = dict(self.__dict__)
-        state["_compaction"] = None
+        state.update(_compaction=None, _looks={}, _looking=None)
         return state
 
     def last_commit(self) -> dict[str, Any]:
@@ -193,6 +201,32 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                 "complete it; the batch is committed and is not written twice") from error
         return True
 
+    def prepare(self, df: DataFrame, attempt: WriteAttempt) -> None:
+        """Step 2, on an object store: look for what earlier attempts of the batch left while the
+        tasks stage, in a thread (its answer does not change meanwhile: one driver writes an
+        output). Without it the commit would look after them, one request after another."""
+        if self._storage.is_local:
+            return  # a look costs no round trip there
+        if self._looking is None:
+            self._looking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchline-file-sink-look")
+        self._looks[attempt.id] = self._looking.submit(self._look_left, attempt.batch_time)
+
+    def _look_left(self, time_ms: int) -> _Left:
+        return _Left(self._storage.has_folder(_target(time_ms)), self._own.find_files(f"{STAGING_DIR}/{time_ms}"))
+
+    def _left(self, attempt: WriteAttempt) -> _Left | None:
+        """What ``prepare``'s look found, or None (a local output, or the look failed: the
+        commit then looks itself)."""
+        look = self._looks.pop(attempt.id, None)
+        if look is None:
+            return None
+        try:
+            return look.result()
+        except Exception as error:  # noqa: BLE001 (only a head start)
+            logger.debug("Looking ahead for what earlier attempts of batch %d left failed (%s); looking again",
+                         attempt.batch_time, error)
+            return None
+
     def write_partition(self, rows: Iterator[pa.RecordBatch], attempt: WriteAttempt,
                         partition: int) -> dict[str, Any]:
         """Step 2, in a task: the partition's rows to one staged file; its name, rows and bytes."""
@@ -206,13 +240,15 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
 
     def abort(self, messages: list[dict[str, Any]], attempt: WriteAttempt) -> None:
         """Step 3 without rows, or a failed task: the batch's staging goes."""
+        self._left(attempt)
         self._drop_staging(attempt.batch_time)
 
     def commit(self, messages: list[dict[str, Any]], attempt: WriteAttempt) -> None:
         """Steps 3 to 6 of a batch whose tasks staged files."""
         time_ms = attempt.batch_time
+        left = self._left(attempt)
         # Step 3
-        if self._storage.has_folder(_target(time_ms)):
+        if left.batch_folder if left is not None else self._storage.has_folder(_target(time_ms)):
             logger.warning("%s/%s exists without its commit record %s (written by an earlier release of batchline, "
                            "or the record was lost after a local publish put the batch there whole); leaving it as "
                            "it is", self.path, _target(time_ms), self._own.full_url(_record_name(time_ms)))
@@ -226,14 +262,14 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
             if self._own.is_local:  # the staged directory's own entry must outlive a power loss, too
                 for parent in (f"{STAGING_DIR}/{time_ms}", STAGING_DIR):
                     fsync_path(self._own.path(parent))
-            self._commit(time_ms, record)
+            self._commit(time_ms, record, left)
         except OSError as error:
             raise SinkError(
                 f"committing batch {attempt.batch.batch_time} to {self.path} failed: {error}. Start the pipeline "
                 "again: it completes the batch if its commit record was written, else writes the batch anew"
             ) from error
 
-    def _commit(self, time_ms: int, record: dict[str, Any]) -> None:
+    def _commit(self, time_ms: int, record: dict[str, Any], left: _Left | None = None) -> None:
         fresh = True
         try:
             self._own.write_new(_record_name(time_ms), seal(record))
@@ -251,7 +287,10 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         # Step 5
         self._publish(time_ms, record, fresh=fresh)
         # Step 6
-        self._drop_staging(time_ms)
+        if fresh and left is not None:  # this attempt's files, and what earlier ones left
+            self._own.delete_files([f"{record['staging']}/{entry['file']}" for entry in record["files"]] + left.staged)
+        else:
+            self._drop_staging(time_ms)
         self._commits_since_compaction += 1
         if self._commits_since_compaction >= COMPACT_EVERY:
             self.compact_in_background()
@@ -311,6 +350,9 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         return True
 
     def close(self) -> None:
+        if self._looking is not None:
+            self._looking.shutdown(wait=False, cancel_futures=True)
+            self._looking, self._looks = None, {}
         if not self.wait_for_compaction(10.0):
             logger.warning("Compacting the commit records of %s still runs after 10 s; it stops with the process, and "
                            "a later run compacts them again", self.path)
@@ -428,6 +470,16 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         self._own.delete(f"{STAGING_DIR}/{time_ms}", recursive=True)
         if under_output:
             self._storage.delete(migrations.file_sink_staging_v1(time_ms), recursive=True)
+
+
+@dataclass(frozen=True)
+class _Left:
+    """What earlier attempts of a batch left on an object store, found while its tasks ran."""
+
+    batch_folder: bool
+    """Something is under ``batch_time=<t>/`` (Step 3)."""
+    staged: list[str]
+    """Files under ``staging/<t>/``, relative to the sink's own directory."""
 
 
 def own_location(path: str) -> str:

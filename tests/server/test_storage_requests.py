@@ -5,6 +5,7 @@ against the tests' S3 endpoint; the same calls on a local disk and in memory ans
 
 from __future__ import annotations
 
+import pyarrow as pa
 import pytest
 
 from batchline.batch_time import BatchTime
@@ -12,6 +13,7 @@ from batchline.checkpoint.events import JobEventStore, OperatorInitialized
 from batchline.checkpoint.lease import Lease, check_token
 from batchline.checkpoint.storage import CheckpointStorage
 from batchline.clock import ManualClock
+from batchline.sinks.exactly_once import WriteAttempt
 from batchline.sinks.files import FileSink
 from batchline.sinks.sink import BatchContext
 
@@ -116,6 +118,46 @@ def test_the_file_output_looks_for_a_batch_s_commit_record_in_one_request(s3_end
     assert sent.take() == ["GetObject"]
 
 
+def staged_attempt(sink: FileSink, time_ms: int) -> tuple[WriteAttempt, list[dict]]:
+    """An attempt at batch ``time_ms`` whose two tasks staged their files, as they would."""
+    attempt = WriteAttempt(BatchContext(BatchTime(time_ms), "files", "requests", 1), "attempt-2")
+    rows = pa.record_batch({"n": [1, 2]})
+    return attempt, [sink.write_partition(iter([rows]), attempt, partition) for partition in (0, 1)]
+
+
+@pytest.mark.parametrize("look", ["ahead", "failed"])
+def test_the_file_output_s_commit_waits_for_no_listing_the_tasks_time_was_used_for(s3_endpoint, look):
+    # No brackets in the path (a test's name has them): fsspec takes a folder's name as a glob
+    # where the commit (after a failed look) deletes the folder.
+    sink = FileSink(f"s3://batchline-sink/requests/commit-{look}/out", "json", storage_options=s3_endpoint)
+    sink.compact_in_background()  # the run's first compaction, which the first commit would start
+    assert sink.wait_for_compaction(30)
+    sink._own.write_new("staging/1000/attempt-1/part-00000.json", b'{"n": 1}\n')  # a crashed attempt's
+    attempt, messages = staged_attempt(sink, 1000)
+    if look == "failed":
+        def unreachable(time_ms: int) -> None:
+            raise OSError("the store did not answer")
+        sink._look_left = unreachable  # type: ignore[method-assign,assignment]
+    sent = Requests(sink._own)
+    sink.prepare(None, attempt)  # type: ignore[arg-type] (the look needs no DataFrame)
+    if look == "ahead":
+        sink._looks[attempt.id].exception(timeout=30)
+        # While the tasks run: is the batch's folder there (Step 3), and what is staged for it.
+        assert sorted(sent.take()) == ["ListObjectsV2", "ListObjectsV2"]
+
+    sink.commit(messages, attempt)
+    committed = sent.take()
+    # The record, the copies, then the staging deleted by name; after a failed look, the
+    # commit looks itself, as it did before there was a look ahead.
+    listings = [] if look == "ahead" else ["ListObjectsV2"]
+    deletion = ["DeleteObjects"] if look == "ahead" else ["ListObjectsV2", "DeleteObjects"]
+    assert committed == [*listings, "PutObject", "CopyObject", "CopyObject", *deletion]
+    assert sink._own.find_files("staging") == [], "the crashed attempt's file goes too"
+    assert sink._storage.find_files("") == ["batch_time=1000/part-00000.json", "batch_time=1000/part-00001.json"]
+    assert sink._looks == {}
+    sink.close()
+
+
 @pytest.mark.parametrize("where", ["local", "memory"])
 def test_other_stores_answer_the_same(tmp_path, where):
     storage = CheckpointStorage(str(tmp_path / "location") if where == "local" else f"memory://requests-{where}")
@@ -128,3 +170,8 @@ def test_other_stores_answer_the_same(tmp_path, where):
     assert storage.has_folder("records") and not storage.has_folder("records/1000.json")
     storage.copy_in(storage.path("records/1000.json"), "published/1000.json", 8)
     assert storage.read("published/1000.json") == b"a record"
+    storage.write_new("records/deeper/2000.json", b"another")
+    assert storage.find_files("records") == ["records/1000.json", "records/deeper/2000.json"]
+    assert storage.find_files("nothing") == []
+    storage.delete_files(["records/1000.json", "records/deeper/2000.json", "records/never.json"])
+    assert storage.find_files("records") == []
