@@ -21,18 +21,10 @@ HotSpot makes such an archive of the classes a run loaded when it exits
 - Only the newest ``KEEP`` archives stay (each is 100-200 MB): one for each Java and Spark in
   use, not one for every upgrade ever run.
 
-Executors that run on the driver's machine (``local-cluster[...]``, a standalone master on
-this machine) get an archive of their own, the same way (``executor_archive_options``): an
-executor's JVM loads Spark's classes too, then the classes of its first tasks, all on the
-same cores the driver and the other executors start on. The first executors to exit without
-one write their parts, named by the application and executor ids that Spark puts into
-``spark.executor.extraJavaOptions``, so that no two JVMs write one file; the next driver's
-start settles them. Executors on other machines would find neither the archive nor the
-cache folder, so a master elsewhere gets no options for them.
-
-Set ``BATCHLINE_CLASS_ARCHIVE=off`` to start without one; ``BATCHLINE_CACHE_DIR`` moves the
-cache (default ``~/.cache/batchline``). Options of your own that already set a JVM's class
-sharing (``-Xshare``, ``-XX:SharedArchiveFile``, ``-XX:ArchiveClassesAtExit``) are left alone.
+It is the driver's own JVM only: executors on a cluster start as they did. Set
+``BATCHLINE_CLASS_ARCHIVE=off`` to start without one; ``BATCHLINE_CACHE_DIR`` moves the cache
+(default ``~/.cache/batchline``). Options of your own that already set the JVM's class sharing
+(``-Xshare``, ``-XX:SharedArchiveFile``, ``-XX:ArchiveClassesAtExit``) are left alone.
 """
 
 from __future__ import annotations
@@ -42,16 +34,14 @@ import json
 import logging
 import os
 import shlex
-import socket
 import struct
 import time
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ARCHIVE_SWITCH", "CACHE_DIR", "DRIVER_JAVA_OPTIONS", "DYNAMIC_ARCHIVE_MAGIC", "EXECUTOR_JAVA_OPTIONS",
-           "KEEP", "archive_dir", "archive_options", "executor_archive_options", "executors_here", "is_whole"]
+__all__ = ["ARCHIVE_SWITCH", "CACHE_DIR", "DRIVER_JAVA_OPTIONS", "DYNAMIC_ARCHIVE_MAGIC", "KEEP", "archive_dir",
+           "archive_options", "is_whole"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,35 +61,12 @@ into one (a signed jar's); neither is the user's business: the JVM starts as wit
 A JVM that does not know the options (not HotSpot) ignores them."""
 _OWN_SHARING = ("-Xshare", "-XX:SharedArchiveFile", "-XX:ArchiveClassesAtExit")
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
-EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+_KEYED_SETTINGS = ("spark.driver.extraClassPath", "spark.driver.memory")
 _UNKEYED = ("-D", "-Xlog")
 """JVM options that leave an archive usable: system properties and logging. Any other (heap
 size, pointer compression, the collector) names an archive of its own."""
 _KEYED_ENVIRONMENT = ("PYSPARK_SUBMIT_ARGS", "SPARK_CONF_DIR", "SPARK_CLASSPATH", "JAVA_TOOL_OPTIONS",
                       "_JAVA_OPTIONS")
-
-
-@dataclass(frozen=True)
-class _Role:
-    """Whose JVM an archive is for."""
-
-    who: str
-    prefix: str
-    """Its archives' names start with it (the driver's ``spark-``, as they always did)."""
-    java_options: str
-    """The setting that carries its JVM options."""
-    keyed_settings: tuple[str, ...]
-    """Settings that change its class path or memory layout."""
-    part_of_each_jvm: str | None
-    """What makes each JVM's part its own, when every JVM of the role gets the same options
-    (None: the options are made for one JVM, which gets a random part name)."""
-
-
-_DRIVER = _Role("driver", "spark", DRIVER_JAVA_OPTIONS, ("spark.driver.extraClassPath", "spark.driver.memory"), None)
-_EXECUTOR = _Role("executor", "executor", EXECUTOR_JAVA_OPTIONS,
-                  ("spark.executor.extraClassPath", "spark.executor.memory"), "{{APP_ID}}-{{EXECUTOR_ID}}")
-"""Spark puts the application's and the executor's ids into ``spark.executor.extraJavaOptions``
-where these stand."""
 
 
 def archive_dir() -> Path:
@@ -112,76 +79,46 @@ def archive_options(java: str, spark_home: str, settings: Mapping[str, str]) -> 
     """The JVM options that start the driver's JVM from its archive, or make it write one when
     it exits; None when the JVM should start as it would without batchline (switched off,
     sharing set by the user, or no cache directory can be written)."""
-    return _options(_DRIVER, java, spark_home, settings)
-
-
-def executor_archive_options(master: str, java: str, spark_home: str, settings: Mapping[str, str]) -> str | None:
-    """The same for the executors of ``master``, for ``spark.executor.extraJavaOptions``: None
-    also when they may run on another machine (``executors_here``). Executors start the
-    ``java`` of their worker, which on this machine is the driver's unless a worker was given
-    another ``JAVA_HOME``; then the JVM finds the archive not its own and starts without it."""
-    return _options(_EXECUTOR, java, spark_home, settings) if executors_here(master) else None
-
-
-def executors_here(master: str) -> bool:
-    """Whether ``master`` starts its executors on this machine: ``local-cluster[...]``, or a
-    standalone master (``spark://host:port``, several for a master with standby) on this
-    machine's name or a loopback address. Its workers could still be elsewhere, where the
-    options find no archive and no folder to write one in: then the JVM starts as without them."""
-    if master.startswith("local-cluster"):
-        return True
-    if not master.startswith("spark://"):
-        return False
-    here = {"localhost", socket.gethostname(), socket.getfqdn()}
-    for address in master.removeprefix("spark://").split(","):
-        host = address.rsplit(":", 1)[0].strip("[]")
-        if host not in here and not host.startswith("127.") and host != "::1":
-            return False
-    return True
-
-
-def _options(role: _Role, java: str, spark_home: str, settings: Mapping[str, str]) -> str | None:
     if os.environ.get(ARCHIVE_SWITCH, "").strip().lower() in ("off", "0", "false", "no"):
         return None
-    own = settings.get(role.java_options, "")
+    own = settings.get(DRIVER_JAVA_OPTIONS, "")
     if any(option.startswith(_OWN_SHARING) for option in own.split()):
         return None
     directory = archive_dir()
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        name = f"{role.prefix}-{_key(role, java, spark_home, settings)}"
-        archive = _settle(directory, name, role)
+        name = f"spark-{_key(java, spark_home, settings)}"
+        archive = _settle(directory, name)
         if archive is not None:
             os.utime(archive)  # in use: the newest are the ones kept
             option = f"-XX:SharedArchiveFile={archive}"
         else:
-            part = role.part_of_each_jvm or uuid.uuid4().hex[:12]
-            option = f"-XX:ArchiveClassesAtExit={directory / f'{name}.{part}.part'}"
-            logger.debug("No class-data archive for this Java and Spark yet: the %s's JVM writes one when it "
-                         "exits, and the next start maps it", role.who)
+            option = f"-XX:ArchiveClassesAtExit={directory / f'{name}.{uuid.uuid4().hex[:12]}.part'}"
+            logger.debug("No class-data archive for this Java and Spark yet: the driver's JVM writes one when it "
+                         "exits, and the next start maps it")
     except OSError as error:
-        logger.debug("No class-data archive for the %s's JVM: %s", role.who, error)
+        logger.debug("No class-data archive for the driver's JVM: %s", error)
         return None
     return " ".join([*_QUIET, shlex.quote(option)])
 
 
-def _key(role: _Role, java: str, spark_home: str, settings: Mapping[str, str]) -> str:
+def _key(java: str, spark_home: str, settings: Mapping[str, str]) -> str:
     """What an archive must match, hashed: the java binary, Spark's jars, and the settings, JVM
-    options and environment that change its JVM's class path or memory layout."""
+    options and environment that change the driver's class path or memory layout."""
     jars = Path(spark_home) / "jars"
     java_stat = os.stat(java)
     identity = {
         "java": [os.path.realpath(java), java_stat.st_size, java_stat.st_mtime_ns],
         "spark_home": os.path.realpath(spark_home),
         "jars": sorted((entry.name, entry.stat().st_size) for entry in os.scandir(jars)) if jars.is_dir() else [],
-        "settings": {key: settings.get(key) for key in role.keyed_settings},
-        "java_options": [o for o in settings.get(role.java_options, "").split() if not o.startswith(_UNKEYED)],
+        "settings": {key: settings.get(key) for key in _KEYED_SETTINGS},
+        "java_options": [o for o in settings.get(DRIVER_JAVA_OPTIONS, "").split() if not o.startswith(_UNKEYED)],
         "environment": {key: os.environ.get(key) for key in _KEYED_ENVIRONMENT},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _settle(directory: Path, name: str, role: _Role) -> Path | None:
+def _settle(directory: Path, name: str) -> Path | None:
     """The finished archive named ``name``, after moving a finished part into place and
     deleting parts that were cut short; drops all but the newest ``KEEP`` archives."""
     archive = directory / f"{name}.jsa"
@@ -191,13 +128,13 @@ def _settle(directory: Path, name: str, role: _Role) -> Path | None:
             whole = is_whole(part)
             if whole and not archive.exists():
                 os.replace(part, archive)  # a local cache: the first whole part wins
-                logger.info("The %s's JVM starts from a class-data archive of Spark's classes from now on (%s)",
-                            role.who, archive)
+                logger.info("The driver's JVM starts from a class-data archive of Spark's classes from now on (%s)",
+                            archive)
             elif whole or now - part.stat().st_mtime > _PART_TIMEOUT_S:
                 part.unlink()
         except FileNotFoundError:  # another start settled it first
             continue
-    archives = sorted(directory.glob(f"{role.prefix}-*.jsa"), key=_modified, reverse=True)
+    archives = sorted(directory.glob("spark-*.jsa"), key=_modified, reverse=True)
     for old in archives[KEEP:]:
         if old != archive:
             old.unlink(missing_ok=True)

@@ -9,9 +9,9 @@ A. Restart after kill -9 to the first batch with new rows (``benchmarks.checkpoi
    also run with its checkpoint on local disk, to compare like with like and to see what the
    S3 checkpoint costs. Both read their input from local disk (the executors are on this
    machine) and write their output to the S3 endpoint through batchline's ``FileSink``.
-   batchline's driver and executors start from the class-data archives an untimed first
-   restart writes (``batchline.class_archive``, in a cache of the benchmark's own);
-   Structured Streaming's start as Spark ships.
+   batchline's driver starts from the class-data archive an untimed first restart writes
+   (``batchline.class_archive``, in a cache of the benchmark's own); Structured Streaming's
+   starts as Spark ships.
 B. A 400-event batch of the cluster tests' pipeline (checkpoint and output on S3, 500 ms
    interval; ``benchmarks.cluster_batch_driver``) against a bare PySpark job of the same shape
    in the same driver, after a warm-up round of both, the side going first alternating. The
@@ -54,13 +54,12 @@ RESTARTS = {
 
 def restart_case(cluster: StandaloneCluster, s3: S3Server, repeats: int) -> dict[str, Any]:
     samples: dict[str, list[Restart]] = {case: [] for case in RESTARTS}
-    # Untimed: batchline's first driver and executors to exit write the class-data archives the
-    # timed ones start from (``batchline.class_archive``), as ``benchmarks.checkpoint_restart`` does.
-    # They write them as they exit, after the driver's kill; the next start settles them.
+    # Untimed: batchline's first driver JVM to exit writes the class-data archive the timed ones
+    # start from (``batchline.class_archive``), as ``benchmarks.checkpoint_restart`` does. It writes
+    # it as it exits, after the driver's kill; the next start settles it.
     print(f"untimed first restart: {_restart(cluster, s3, *RESTARTS['batchline']).first_batch_s:.2f} s", flush=True)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not all(any(is_whole(part) for part in archive_dir().glob(f"{role}-*.part"))
-                                                  for role in ("spark", "executor")):
+    while time.monotonic() < deadline and not any(is_whole(part) for part in archive_dir().glob("*.part")):
         time.sleep(1)
     for _ in range(repeats):
         for case, (engine, checkpoint) in RESTARTS.items():
@@ -162,7 +161,7 @@ def main() -> None:
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # the S3 endpoint's line per request
     work = Path(tempfile.mkdtemp(prefix="batchline-bench-cluster-"))
-    # Class-data archives of this benchmark's own runs, not of whatever ran on the machine before.
+    # A class-data archive of this benchmark's own runs, not of whatever ran on the machine before.
     os.environ[CACHE_DIR] = str(work / "cache")
     s3 = S3Server().start()
     cluster = StandaloneCluster(work / "cluster")

@@ -22,6 +22,7 @@ import itertools
 import json
 import logging
 import os
+import shutil
 import tempfile
 import threading
 import time
@@ -520,10 +521,25 @@ class CheckpointStorage:
         self.fs.invalidate_cache(target)
 
     def delete(self, relative: str, recursive: bool = False) -> bool:
-        """Delete a file (or a folder, ``recursive``); False when the store says it was not there."""
+        """Delete a file (or a folder, ``recursive``); False when the store says it was not there.
+        The name is taken as it is: fsspec's ``rm`` takes it as a glob, so a location named
+        ``runs[1]`` would delete under ``runs1`` and leave its own files."""
+        path = self.path(relative)
+
         def delete(again: bool) -> bool:
             try:
-                self.fs.rm(self.path(relative), recursive=recursive)
+                if not recursive:
+                    self.fs.rm_file(path)
+                elif self.is_local and os.path.isdir(path):
+                    shutil.rmtree(path)
+                elif self.is_local:
+                    os.remove(path)
+                else:
+                    self._forget_listings(path)
+                    files = [str(found) for found in self.fs.find(path)]
+                    if not files:
+                        raise FileNotFoundError(path)
+                    self._delete_paths(files)
             except FileNotFoundError:
                 return again  # tried again: the first try, whose answer was lost, deleted it
             return True
@@ -533,22 +549,22 @@ class CheckpointStorage:
         """Delete these files, those not there included: on an object store in one request per
         1,000 names (a folder's ``delete`` lists it first)."""
         paths = [self.path(relative) for relative in dict.fromkeys(relatives)]
-
-        def delete() -> None:
-            on_s3 = [place for place in map(self._on_s3, paths) if place is not None]
-            for start in range(0, len(on_s3), 1000):  # a key that is not there is no error to S3
-                chunk = on_s3[start:start + 1000]
-                self.fs.call_s3("delete_objects", Bucket=chunk[0][0],
-                                Delete={"Objects": [{"Key": key} for _, key in chunk], "Quiet": True})
-            if on_s3:
-                for path in paths:
-                    self._forget_listings(path)
-                return
-            for path in paths:  # one at a time elsewhere: fsspec's rm of a list takes names as globs
-                with contextlib.suppress(FileNotFoundError):
-                    self.fs.rm_file(path)
         if paths:
-            self._reaching(f"(deleting {len(paths)} files)", delete)
+            self._reaching(f"(deleting {len(paths)} files)", lambda: self._delete_paths(paths))
+
+    def _delete_paths(self, paths: list[str]) -> None:
+        on_s3 = [place for place in map(self._on_s3, paths) if place is not None]
+        for start in range(0, len(on_s3), 1000):  # a key that is not there is no error to S3
+            chunk = on_s3[start:start + 1000]
+            self.fs.call_s3("delete_objects", Bucket=chunk[0][0],
+                            Delete={"Objects": [{"Key": key} for _, key in chunk], "Quiet": True})
+        if on_s3:
+            for path in paths:
+                self._forget_listings(path)
+            return
+        for path in paths:  # one at a time elsewhere: fsspec's rm of a list takes names as globs
+            with contextlib.suppress(FileNotFoundError):
+                self.fs.rm_file(path)
 
     def find_files(self, relative_dir: str) -> list[str]:
         """The files under a folder, at any depth, relative to this location (one listing on an

@@ -127,8 +127,6 @@ def staged_attempt(sink: FileSink, time_ms: int) -> tuple[WriteAttempt, list[dic
 
 @pytest.mark.parametrize("look", ["ahead", "failed"])
 def test_the_file_output_s_commit_waits_for_no_listing_the_tasks_time_was_used_for(s3_endpoint, look):
-    # No brackets in the path (a test's name has them): fsspec takes a folder's name as a glob
-    # where the commit (after a failed look) deletes the folder.
     sink = FileSink(f"s3://batchline-sink/requests/commit-{look}/out", "json", storage_options=s3_endpoint)
     sink.compact_in_background()  # the run's first compaction, which the first commit would start
     assert sink.wait_for_compaction(30)
@@ -175,3 +173,20 @@ def test_other_stores_answer_the_same(tmp_path, where):
     assert storage.find_files("nothing") == []
     storage.delete_files(["records/1000.json", "records/deeper/2000.json", "records/never.json"])
     assert storage.find_files("records") == []
+
+
+@pytest.mark.parametrize("where", ["local", "memory", "s3"])
+def test_a_name_is_deleted_as_it_is_never_as_a_pattern(tmp_path, s3_endpoint, where):
+    """``runs[1]`` as a glob is ``runs1``: a folder or file of that name must go, and the
+    pattern's matches stay."""
+    roots = {"local": str(tmp_path), "memory": "memory://names", "s3": f"s3://{BUCKET}/names"}
+    options = s3_endpoint if where == "s3" else None
+    storage = CheckpointStorage(roots[where], options)
+    for name in ("runs[1]/staging/1000/a.json", "runs[1]/staging/1000/b.json", "runs1/staging/1000/a.json",
+                 "runs[1]/record.json", "runs1/record.json"):
+        storage.write_new(name, b"{}")
+    assert storage.delete("runs[1]/staging/1000", recursive=True)
+    assert storage.delete("runs[1]/record.json")
+    assert storage.find_files("runs[1]") == []
+    assert storage.find_files("runs1") == ["runs1/record.json", "runs1/staging/1000/a.json"]
+    assert not storage.delete("runs[1]/staging/1000", recursive=True), "not there any more"

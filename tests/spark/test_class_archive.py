@@ -1,7 +1,6 @@
 """A driver's JVM writes the class-data archive of Spark's classes when it exits, and the next
-driver's JVM loads Spark's classes from it; executors on the driver's machine do the same with
-an archive of their own: with real JVMs, in driver processes of their own (the test session's
-JVM is already running)."""
+driver's JVM loads Spark's classes from it: with a real JVM, in driver processes of their own
+(the test session's JVM is already running)."""
 
 from __future__ import annotations
 
@@ -17,20 +16,15 @@ from tests.helpers import wait_for
 DRIVER = textwrap.dedent("""
     import sys
     from batchline.spark import local_spark_session
-    master, options = sys.argv[1], sys.argv[2:]
-    conf = {"spark.driver.extraJavaOptions": options[0]} if options else {}
-    if master.startswith("local-cluster"):
-        conf = {"spark.executor.extraJavaOptions": options[0]} if options else {}
-        conf["spark.executor.memory"] = "512m"
-    spark = local_spark_session(master, "class-archive", shuffle_partitions=1, conf=conf)
-    assert spark.range(0, 100, 1, 1).selectExpr("sum(id)").first()[0] == 4950  # a task on the executor
+    conf = {"spark.driver.extraJavaOptions": sys.argv[1]} if len(sys.argv) > 1 else None
+    spark = local_spark_session("local[1]", "class-archive", shuffle_partitions=1, conf=conf)
     spark.stop()
 """)
 
 
-def drive(cache: Path, *args: str, master: str = "local[1]") -> None:
+def drive(cache: Path, *args: str) -> None:
     env = {**os.environ, CACHE_DIR: str(cache), "PYSPARK_PYTHON": sys.executable}
-    done = subprocess.run([sys.executable, "-c", DRIVER, master, *args], env=env, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-c", DRIVER, *args], env=env, capture_output=True, text=True,
                           timeout=180, cwd=Path(__file__).parents[2])
     assert done.returncode == 0, done.stderr[-3000:]
     assert "cds" not in done.stdout.lower(), f"the JVM spoke of its archive on the driver's stdout: {done.stdout}"
@@ -52,19 +46,3 @@ def test_the_first_driver_s_jvm_writes_the_archive_and_the_next_loads_spark_from
     spark_context = [line for line in loaded.read_text().splitlines() if " org.apache.spark.SparkContext " in line]
     assert spark_context and "shared objects file (top)" in spark_context[0], spark_context
 
-
-
-def test_executors_on_this_machine_write_an_archive_of_their_own_and_the_next_ones_start_from_it(tmp_path):
-    cache, master = tmp_path / "cache", "local-cluster[1,1,1024]"
-    drive(cache, master=master)
-    jvm = cache / "jvm"
-    # Named by the application and the executor, which Spark put in for the placeholders.
-    wait_for(lambda: any(is_whole(p) for p in jvm.glob("executor-*.app-*-0.part")),
-             "the archive written by the exiting executor", 120, 0.5)
-
-    loaded = tmp_path / "classes.log"
-    drive(cache, f"-Xlog:class+load=info:file={loaded}", master=master)
-    assert len(list(jvm.glob("executor-*.jsa"))) == 1 and list(jvm.glob("executor-*.part")) == []
-    backend = [line for line in loaded.read_text().splitlines()
-               if " org.apache.spark.executor.CoarseGrainedExecutorBackend " in line]
-    assert backend and "shared objects file (top)" in backend[0], backend

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import socket
 import struct
 import time
 from pathlib import Path
@@ -13,14 +12,7 @@ from pathlib import Path
 import pytest
 
 from batchline import class_archive
-from batchline.class_archive import (
-    ARCHIVE_SWITCH,
-    CACHE_DIR,
-    DYNAMIC_ARCHIVE_MAGIC,
-    archive_options,
-    executor_archive_options,
-    executors_here,
-)
+from batchline.class_archive import ARCHIVE_SWITCH, CACHE_DIR, DYNAMIC_ARCHIVE_MAGIC, archive_options
 
 WHOLE = struct.pack("=I", DYNAMIC_ARCHIVE_MAGIC) + b"\0" * 60
 """The start of an archive whose header HotSpot wrote: a whole one."""
@@ -155,63 +147,3 @@ def test_a_path_with_spaces_stays_one_option(java, spark_home, tmp_path, monkeyp
     monkeypatch.setenv(CACHE_DIR, str(tmp_path / "my cache"))
     part = option(archive_options(java, str(spark_home), {}), "ArchiveClassesAtExit")
     assert part is not None and " " in part and part.endswith(".part")
-
-
-# ----------------------------------------------------------------------- executors
-@pytest.mark.parametrize(("master", "here"), [
-    ("local-cluster[2,1,1024]", True), ("spark://127.0.0.1:7077", True), ("spark://localhost:7077", True),
-    (f"spark://{socket.gethostname()}:7077", True), ("spark://[::1]:7077", True),
-    ("spark://10.0.3.7:7077", False), ("spark://127.0.0.1:7077,master-2.internal:7077", False),
-    ("local[2]", False), ("yarn", False), ("k8s://https://127.0.0.1:6443", False)])
-def test_executors_get_options_only_when_they_run_on_this_machine(java, spark_home, master, here):
-    assert executors_here(master) is here
-    assert (executor_archive_options(master, java, str(spark_home), {}) is not None) is here
-
-
-def test_each_executor_writes_a_part_named_by_its_application_and_id_and_the_next_start_maps_one(
-        java, spark_home, cache):
-    master = "local-cluster[2,1,1024]"
-    part = option(executor_archive_options(master, java, str(spark_home), {}), "ArchiveClassesAtExit")
-    assert part is not None and Path(part).name.endswith(".{{APP_ID}}-{{EXECUTOR_ID}}.part")
-    assert Path(part).name.startswith("executor-")
-    driver_part = Path(option(archive_options(java, str(spark_home), {}), "ArchiveClassesAtExit"))
-    driver_part.write_bytes(WHOLE)
-
-    # What Spark made of the placeholders for two executors of one application, both whole.
-    for executor in (0, 1):
-        Path(part.replace("{{APP_ID}}-{{EXECUTOR_ID}}", f"app-20261128040239-0000-{executor}")).write_bytes(WHOLE)
-    archive = option(executor_archive_options(master, java, str(spark_home), {}), "SharedArchiveFile")
-    assert archive is not None and Path(archive).name.startswith("executor-") and Path(archive).read_bytes() == WHOLE
-    assert list(cache.glob("executor-*.part")) == []
-    assert driver_part.exists(), "the driver's part is the driver's start's to settle"
-    assert option(archive_options(java, str(spark_home), {}), "SharedArchiveFile") is not None
-
-
-def test_executor_archives_are_named_by_the_executors_settings_and_kept_apart_from_the_driver_s(
-        java, spark_home, cache):
-    master = "spark://127.0.0.1:7077"
-    for n in range(class_archive.KEEP + 1):  # more driver archives than are kept
-        settings = {"spark.driver.memory": f"{n + 1}g"}
-        Path(option(archive_options(java, str(spark_home), settings), "ArchiveClassesAtExit")).write_bytes(WHOLE)
-        archive_options(java, str(spark_home), settings)
-    settings = {"spark.executor.memory": "768m"}
-    part = option(executor_archive_options(master, java, str(spark_home), settings), "ArchiveClassesAtExit")
-    Path(part.replace("{{APP_ID}}-{{EXECUTOR_ID}}", "app-1-0")).write_bytes(WHOLE)
-    assert option(executor_archive_options(master, java, str(spark_home), settings), "SharedArchiveFile")
-    assert len(list(cache.glob("spark-*.jsa"))) == class_archive.KEEP, "the executors' archive counts apart"
-    assert len(list(cache.glob("executor-*.jsa"))) == 1
-
-    for other in ({"spark.executor.memory": "40g"}, {**settings, "spark.executor.extraClassPath": "/opt/x.jar"},
-                  {**settings, "spark.executor.extraJavaOptions": "-XX:-UseCompressedOops"}):
-        assert option(executor_archive_options(master, java, str(spark_home), other), "SharedArchiveFile") is None
-    # The driver's settings leave the executors' archive alone.
-    assert option(executor_archive_options(master, java, str(spark_home),
-                                           {**settings, "spark.driver.memory": "40g"}), "SharedArchiveFile")
-
-
-def test_the_executors_own_sharing_and_the_switch_are_left_alone(java, spark_home, monkeypatch):
-    master = "local-cluster[2,1,1024]"
-    assert executor_archive_options(master, java, str(spark_home),
-                                    {"spark.executor.extraJavaOptions": "-Xshare:off"}) is None
-    monkeypatch.setenv(ARCHIVE_SWITCH, "off")
-    assert executor_archive_options(master, java, str(spark_home), {}) is None
