@@ -537,9 +537,9 @@ class CheckpointStorage:
                 else:
                     self._forget_listings(path)
                     files = [str(found) for found in self.fs.find(path)]
-                    if not files:
+                    if not files and not self.fs.isfile(path):
                         raise FileNotFoundError(path)
-                    self._delete_paths(files)
+                    self._delete_paths(files or [path])
             except FileNotFoundError:
                 return again  # tried again: the first try, whose answer was lost, deleted it
             return True

@@ -186,7 +186,10 @@ def test_a_name_is_deleted_as_it_is_never_as_a_pattern(tmp_path, s3_endpoint, wh
                  "runs[1]/record.json", "runs1/record.json"):
         storage.write_new(name, b"{}")
     assert storage.delete("runs[1]/staging/1000", recursive=True)
-    assert storage.delete("runs[1]/record.json")
+    assert storage.delete("runs[1]/record.json", recursive=True)  # a file, as a folder's delete finds it
     assert storage.find_files("runs[1]") == []
     assert storage.find_files("runs1") == ["runs1/record.json", "runs1/staging/1000/a.json"]
     assert not storage.delete("runs[1]/staging/1000", recursive=True), "not there any more"
+    storage.write_new("runs[1]/other.json", b"{}")
+    assert storage.delete("runs[1]/other.json")
+    assert storage.find_files("runs[1]") == []
