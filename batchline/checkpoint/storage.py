@@ -32,6 +32,7 @@ from typing import Any, TypeVar
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
+from fsspec.spec import has_magic
 
 from batchline.errors import BatchlineError, CarriedError, error_chain
 
@@ -534,6 +535,8 @@ class CheckpointStorage:
                     shutil.rmtree(path)
                 elif self.is_local:
                     os.remove(path)
+                elif self._on_s3(path) is None and not has_magic(path):
+                    self.fs.rm(path, recursive=True)  # the store's own folder delete, for what it keeps of folders
                 else:
                     self._forget_listings(path)
                     files = [str(found) for found in self.fs.find(path)]
