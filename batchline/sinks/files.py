@@ -239,8 +239,11 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
             "visible; fix the cause and start the pipeline again, which writes the batch anew")
 
     def abort(self, messages: list[dict[str, Any]], attempt: WriteAttempt) -> None:
-        """Step 3 without rows, or a failed task: the batch's staging goes."""
-        self._left(attempt)
+        """Step 3 without rows, or a failed task: the batch's staging goes (listed here, so the
+        look ahead is not waited for)."""
+        look = self._looks.pop(attempt.id, None)
+        if look is not None:
+            look.cancel()
         self._drop_staging(attempt.batch_time)
 
     def commit(self, messages: list[dict[str, Any]], attempt: WriteAttempt) -> None:
@@ -269,7 +272,7 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
                 "again: it completes the batch if its commit record was written, else writes the batch anew"
             ) from error
 
-    def _commit(self, time_ms: int, record: dict[str, Any], left: _Left | None = None) -> None:
+    def _commit(self, time_ms: int, record: dict[str, Any], left: _Left | None) -> None:
         fresh = True
         try:
             self._own.write_new(_record_name(time_ms), seal(record))
