@@ -32,7 +32,7 @@ def stage(sink, time_ms, rows=2):
 
 def commit(sink, times):
     for t in times:
-        sink._commit(t, stage(sink, t))
+        sink._commit(t, stage(sink, t), None)  # no look ahead: the commit lists for itself
 
 
 def records(tmp_path):
