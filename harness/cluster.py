@@ -98,7 +98,7 @@ class StandaloneCluster:
                                        + self.logs())
             try:
                 last = self.status()
-            except OSError as error:
+            except (OSError, ValueError) as error:  # not listening yet, or an empty page while the UI starts
                 last = error
             else:
                 if sum(w.get("state") == "ALIVE" for w in last.get("workers", [])) == self.workers:
