@@ -18,7 +18,13 @@ from pyspark.find_spark_home import _find_spark_home
 from pyspark.java_gateway import launch_gateway
 from pyspark.sql import SparkSession
 
-from batchline.class_archive import DRIVER_JAVA_OPTIONS, archive_options
+from batchline.class_archive import (
+    DRIVER_JAVA_OPTIONS,
+    EXECUTOR_JAVA_OPTIONS,
+    ExecutorArchiveDump,
+    archive_options,
+    executor_archive,
+)
 from batchline.errors import ConfigurationError, JavaNotFoundError, error_text
 from batchline.exclusion import ExcludeOnFailure, check_exclusion_conf, same_value, translate_legacy_conf
 
@@ -152,6 +158,9 @@ def _start_jvm_in_its_own_group(master: str, app_name: str, settings: Mapping[st
     from the class-data archive of Spark's classes (``batchline.class_archive``) when ``java``
     (the one Spark launches) is known.
 
+    Executors on this machine start from an archive of their own; while there is none, one
+    of them writes it once the session has run a while (``ExecutorArchiveDump``).
+
     PySpark starts the JVM in the driver's process group, ignoring only SIGINT. A SIGTERM to
     the whole group (GNU ``timeout``, ``kill -TERM -PGID``, a supervisor stopping the group)
     then reaches the JVM too: its shutdown hook stops the SparkContext at once, under the
@@ -168,15 +177,22 @@ def _start_jvm_in_its_own_group(master: str, app_name: str, settings: Mapping[st
             os.environ):
         return
     launch = dict(settings)
-    archive = archive_options(java, _find_spark_home(), settings) if java is not None else None
-    if archive is not None:
-        # Only the JVM started here gets them: the running conf then holds the settings asked
+    executors = None
+    if java is not None:
+        spark_home = _find_spark_home()
+        executors = executor_archive(master, java, spark_home, settings)
+        # Only the JVMs started here get them: the running conf then holds the settings asked
         # for and more, which ``_applied`` takes as applied.
-        launch[DRIVER_JAVA_OPTIONS] = " ".join(filter(None, [settings.get(DRIVER_JAVA_OPTIONS), archive]))
+        for key, archive in ((DRIVER_JAVA_OPTIONS, archive_options(java, spark_home, settings)),
+                             (EXECUTOR_JAVA_OPTIONS, executors.options if executors is not None else None)):
+            if archive is not None:
+                launch[key] = " ".join(filter(None, [settings.get(key), archive]))
     conf = SparkConf().setMaster(master).setAppName(app_name).setAll(list(launch.items()))
     gateway = launch_gateway(conf, popen_kwargs={"start_new_session": True})
     # The SparkContext takes the JVM started here; the builder below finds it and adds the session.
-    SparkContext(conf=conf, gateway=gateway)
+    context = SparkContext(conf=conf, gateway=gateway)
+    if java is not None and executors is not None and executors.dump_to is not None:
+        ExecutorArchiveDump(java, executors.dump_to, context.applicationId).start()
 
 
 def spark_gone(spark: SparkSession) -> str | None:

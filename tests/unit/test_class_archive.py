@@ -1,18 +1,33 @@
-"""The driver JVM's class-data archive, without a JVM: which options a start gets, how a part
-a JVM wrote becomes the archive, and what the archive's name depends on."""
+"""The class-data archives of the driver's and the executors' JVMs, without a JVM: which options a
+start gets, how a part a JVM wrote becomes the archive, what the archive's name depends on, and
+how an executor is told to write its part."""
 
 from __future__ import annotations
 
 import os
 import shlex
+import socket
 import struct
+import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from batchline import class_archive
-from batchline.class_archive import ARCHIVE_SWITCH, CACHE_DIR, DYNAMIC_ARCHIVE_MAGIC, archive_options
+from batchline.class_archive import (
+    ARCHIVE_SWITCH,
+    CACHE_DIR,
+    DYNAMIC_ARCHIVE_MAGIC,
+    ExecutorArchiveDump,
+    archive_options,
+    can_dump,
+    executor_archive,
+    executor_pids,
+    executors_here,
+)
+from tests.helpers import wait_for
 
 WHOLE = struct.pack("=I", DYNAMIC_ARCHIVE_MAGIC) + b"\0" * 60
 """The start of an archive whose header HotSpot wrote: a whole one."""
@@ -147,3 +162,142 @@ def test_a_path_with_spaces_stays_one_option(java, spark_home, tmp_path, monkeyp
     monkeypatch.setenv(CACHE_DIR, str(tmp_path / "my cache"))
     part = option(archive_options(java, str(spark_home), {}), "ArchiveClassesAtExit")
     assert part is not None and " " in part and part.endswith(".part")
+
+
+# ----------------------------------------------------------------------- executors
+@pytest.fixture()
+def recording_java(tmp_path: Path) -> str:
+    """A ``java`` that starts with ``-XX:+RecordDynamicDumpInfo``, with a ``jcmd`` beside it
+    that writes the part it is told to, whole, and notes its arguments."""
+    folder = tmp_path / "jdk"
+    folder.mkdir()
+    java = folder / "java"
+    java.write_text("#!/bin/sh\nexit 0\n")
+    jcmd = folder / "jcmd"
+    jcmd.write_text(f"#!/bin/sh\necho \"$@\" > {folder}/jcmd.args\n"
+                    f"{sys.executable} -c 'import sys; open(sys.argv[1], \"wb\").write(bytes.fromhex(sys.argv[2]))' "
+                    f"\"$4\" {WHOLE.hex()}\n")
+    for binary in (java, jcmd):
+        binary.chmod(0o755)
+    return str(java)
+
+
+@pytest.fixture()
+def executor():
+    """A process that looks like executor 3 of application app-7 (a JVM's command line)."""
+    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                                "org.apache.spark.executor.CoarseGrainedExecutorBackend", "--driver-url", "x",
+                                "--executor-id", "3", "--hostname", "127.0.0.1", "--app-id", "app-7"])
+    yield process
+    process.kill()
+    process.wait()
+
+
+@pytest.mark.parametrize(("master", "here"), [
+    ("local-cluster[2,1,1024]", True), ("spark://127.0.0.1:7077", True), ("spark://localhost:7077", True),
+    (f"spark://{socket.gethostname()}:7077", True), ("spark://[::1]:7077", True),
+    ("spark://10.0.3.7:7077", False), ("spark://127.0.0.1:7077,master-2.internal:7077", False),
+    ("local[2]", False), ("yarn", False), ("k8s://https://127.0.0.1:6443", False)])
+def test_executors_get_options_only_when_they_run_on_this_machine(recording_java, spark_home, master, here):
+    assert executors_here(master) is here
+    assert (executor_archive(master, recording_java, str(spark_home), {}) is not None) is here
+
+
+def test_without_an_archive_executors_record_and_one_is_to_dump_a_part_the_next_start_maps(
+        recording_java, spark_home, cache):
+    master = "local-cluster[2,1,1024]"
+    first = executor_archive(master, recording_java, str(spark_home), {})
+    assert first is not None and first.dump_to is not None
+    assert "-XX:+RecordDynamicDumpInfo" in shlex.split(first.options)
+    assert option(first.options, "SharedArchiveFile") is None
+    assert first.dump_to.parent == cache and first.dump_to.name.startswith("executor-")
+    assert first.dump_to.name.endswith(".part")
+    driver_part = Path(option(archive_options(recording_java, str(spark_home), {}), "ArchiveClassesAtExit"))
+    driver_part.write_bytes(WHOLE)
+
+    first.dump_to.write_bytes(WHOLE)
+    second = executor_archive(master, recording_java, str(spark_home), {})
+    assert second is not None and second.dump_to is None
+    assert "-XX:+RecordDynamicDumpInfo" not in second.options
+    archive = option(second.options, "SharedArchiveFile")
+    assert archive is not None and Path(archive).name.startswith("executor-") and Path(archive).read_bytes() == WHOLE
+    assert list(cache.glob("executor-*.part")) == []
+    assert driver_part.exists(), "the driver's part is the driver's start's to settle"
+
+
+def test_a_java_that_cannot_record_or_has_no_jcmd_starts_executors_as_they_were(recording_java, spark_home):
+    master = "spark://127.0.0.1:7077"
+    jcmd = Path(recording_java).parent / "jcmd"
+    Path(recording_java).write_text("#!/bin/sh\necho 'DynamicDumpSharedSpaces is unsupported' >&2\nexit 1\n")
+    assert not can_dump(recording_java)
+    assert executor_archive(master, recording_java, str(spark_home), {}) is None
+    Path(recording_java).write_text("#!/bin/sh\nexit 0\n")
+    assert can_dump(recording_java)
+    jcmd.unlink()
+    assert not can_dump(recording_java)
+    assert executor_archive(master, recording_java, str(spark_home), {}) is None
+
+
+def test_executor_archives_are_named_by_the_executors_settings_and_kept_apart_from_the_driver_s(
+        recording_java, spark_home, cache):
+    master, java = "spark://127.0.0.1:7077", recording_java
+    for n in range(class_archive.KEEP + 1):  # more driver archives than are kept
+        settings = {"spark.driver.memory": f"{n + 1}g"}
+        Path(option(archive_options(java, str(spark_home), settings), "ArchiveClassesAtExit")).write_bytes(WHOLE)
+        archive_options(java, str(spark_home), settings)
+    settings = {"spark.executor.memory": "768m"}
+    first = executor_archive(master, java, str(spark_home), settings)
+    assert first is not None and first.dump_to is not None
+    first.dump_to.write_bytes(WHOLE)
+    kept = executor_archive(master, java, str(spark_home), settings)
+    assert kept is not None and option(kept.options, "SharedArchiveFile")
+    assert len(list(cache.glob("spark-*.jsa"))) == class_archive.KEEP, "the executors' archive counts apart"
+    assert len(list(cache.glob("executor-*.jsa"))) == 1
+
+    for other in ({"spark.executor.memory": "40g"}, {**settings, "spark.executor.extraClassPath": "/opt/x.jar"},
+                  {**settings, "spark.executor.extraJavaOptions": "-XX:-UseCompressedOops"}):
+        started = executor_archive(master, java, str(spark_home), other)
+        assert started is not None and started.dump_to is not None, other
+    # The driver's settings leave the executors' archive alone.
+    same = executor_archive(master, java, str(spark_home), {**settings, "spark.driver.memory": "40g"})
+    assert same is not None and same.dump_to is None
+
+
+def test_the_executors_own_sharing_and_the_switch_are_left_alone(recording_java, spark_home, monkeypatch):
+    master = "local-cluster[2,1,1024]"
+    assert executor_archive(master, recording_java, str(spark_home),
+                            {"spark.executor.extraJavaOptions": "-Xshare:off"}) is None
+    monkeypatch.setenv(ARCHIVE_SWITCH, "off")
+    assert executor_archive(master, recording_java, str(spark_home), {}) is None
+
+
+def test_executors_of_an_application_are_found_by_their_command_line(executor):
+    wait_for(lambda: executor_pids("app-7") == {"3": executor.pid}, "the executor's command line")
+    assert executor_pids("app-8") == {}
+
+
+def test_one_executor_of_the_application_is_told_to_dump_its_part(recording_java, executor, cache):
+    wait_for(lambda: executor_pids("app-7"), "the executor's command line")
+    cache.mkdir(parents=True)
+    part = cache / "executor-0123.abc.part"
+    dump = ExecutorArchiveDump(recording_java, part, "app-7", after_s=0).start()
+    dump.join(30)
+    assert part.read_bytes() == WHOLE
+    assert (Path(recording_java).parent / "jcmd.args").read_text().split() == [
+        str(executor.pid), "VM.cds", "dynamic_dump", str(part)]
+
+
+def test_a_dump_that_fails_leaves_no_part_and_one_cancelled_runs_nothing(recording_java, executor, cache):
+    wait_for(lambda: executor_pids("app-7"), "the executor's command line")
+    cache.mkdir(parents=True)
+    jcmd = Path(recording_java).parent / "jcmd"
+    jcmd.write_text('#!/bin/sh\nprintf cut > "$4"\necho "Unable to open socket file" \nexit 1\n')
+    part = cache / "executor-0123.abc.part"
+    ExecutorArchiveDump(recording_java, part, "app-7", after_s=0).start().join(30)
+    assert not part.exists()
+
+    jcmd.write_text(f"#!/bin/sh\ntouch {part}\n")
+    cancelled = ExecutorArchiveDump(recording_java, part, "app-7", after_s=0.5).start()
+    cancelled.cancel()
+    cancelled.join(30)
+    assert not part.exists()
