@@ -9,9 +9,9 @@ A. Restart after kill -9 to the first batch with new rows (``benchmarks.checkpoi
    also run with its checkpoint on local disk, to compare like with like and to see what the
    S3 checkpoint costs. Both read their input from local disk (the executors are on this
    machine) and write their output to the S3 endpoint through batchline's ``FileSink``.
-   batchline's driver starts from the class-data archive an untimed first restart writes
-   (``batchline.class_archive``, in a cache of the benchmark's own); Structured Streaming's
-   starts as Spark ships.
+   batchline's driver and executors start from the class-data archives untimed first restarts
+   write (``batchline.class_archive``, in a cache of the benchmark's own); Structured
+   Streaming's start as Spark ships.
 B. A 400-event batch of the cluster tests' pipeline (checkpoint and output on S3, 500 ms
    interval; ``benchmarks.cluster_batch_driver``) against a bare PySpark job of the same shape
    in the same driver, after a warm-up round of both, the side going first alternating. The
@@ -56,11 +56,17 @@ def restart_case(cluster: StandaloneCluster, s3: S3Server, repeats: int) -> dict
     samples: dict[str, list[Restart]] = {case: [] for case in RESTARTS}
     # Untimed: batchline's first driver JVM to exit writes the class-data archive the timed ones
     # start from (``batchline.class_archive``), as ``benchmarks.checkpoint_restart`` does. It writes
-    # it as it exits, after the driver's kill; the next start settles it.
-    print(f"untimed first restart: {_restart(cluster, s3, *RESTARTS['batchline']).first_batch_s:.2f} s", flush=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any(is_whole(part) for part in archive_dir().glob("*.part")):
-        time.sleep(1)
+    # it as it exits, after the driver's kill; the next start settles it. An executor writes the
+    # executors' archive once a session has run 20 s, which a restart's drivers may not
+    # outlive: untimed restarts go on until both are written.
+    for _ in range(_UNTIMED_RESTARTS):
+        print(f"untimed restart: {_restart(cluster, s3, *RESTARTS['batchline']).first_batch_s:.2f} s", flush=True)
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "spark" not in _archives_written():
+            time.sleep(1)
+        if _archives_written() >= {"spark", "executor"}:
+            break
+    print(f"class-data archives written: {sorted(_archives_written())}", flush=True)
     for _ in range(repeats):
         for case, (engine, checkpoint) in RESTARTS.items():
             restart = _restart(cluster, s3, engine, checkpoint)
@@ -81,6 +87,15 @@ def restart_case(cluster: StandaloneCluster, s3: S3Server, repeats: int) -> dict
         "checkpoint": {"batchline": "S3 endpoint", "sss": "local disk (no Hadoop S3 connector in pip's PySpark)",
                        "batchline_local_checkpoint": "local disk"},
     }
+
+
+_UNTIMED_RESTARTS = 3
+
+
+def _archives_written() -> set[str]:
+    """Whose class-data archives are written, whole: ``spark`` (the driver's), ``executor``."""
+    found = [*archive_dir().glob("*.jsa"), *(p for p in archive_dir().glob("*.part") if is_whole(p))]
+    return {path.name.split("-", 1)[0] for path in found}
 
 
 def _restart(cluster: StandaloneCluster, s3: S3Server, engine: str, checkpoint: str) -> Restart:
