@@ -1,4 +1,5 @@
-"""The driver JVM's class-data archive: Spark's classes mapped from one file at start.
+"""The class-data archives of the driver's JVM and of executors on its machine: Spark's classes
+mapped from one file at start.
 
 A Spark driver loads and verifies some ten thousand classes from Spark's jars before its
 session is up and its first query is planned; that is most of a cold start (about 10 s of a
