@@ -65,7 +65,8 @@ __all__ = ["ARCHIVE_SWITCH", "CACHE_DIR", "DRIVER_JAVA_OPTIONS", "DUMP_AFTER_S",
 logger = logging.getLogger(__name__)
 
 ARCHIVE_SWITCH = "BATCHLINE_CLASS_ARCHIVE"
-"""``off`` (or ``0``, ``false``, ``no``): start the driver's JVM without an archive, and make none."""
+"""``off`` (or ``0``, ``false``, ``no``): start the driver's and the executors' JVMs without an
+archive, and make none."""
 CACHE_DIR = "BATCHLINE_CACHE_DIR"
 KEEP = 2
 DYNAMIC_ARCHIVE_MAGIC = 0xF00BABA8
@@ -79,15 +80,21 @@ _QUIET = ("-XX:+IgnoreUnrecognizedVMOptions", "-Xlog:cds*=off", "-Xlog:class+pat
 into one (a signed jar's); neither is the user's business: the JVM starts as without it.
 A JVM that does not know the options (not HotSpot) ignores them."""
 DUMP_AFTER_S = 20.0
-"""How long a session runs before one of its executors on this machine writes the executors'
-archive (while there is none): by then they have started and run the first batches' tasks,
-whose classes it then holds."""
+"""How long after its SparkContext started a session has one of its executors on this machine
+write the executors' archive (while there is none): by then they have usually started and run
+a pipeline's first tasks, whose classes it then holds too."""
+_FIND_EXECUTOR_S = 60.0
+"""How long after ``DUMP_AFTER_S`` an executor of the application is looked for, once a second
+(executors start late on a busy machine)."""
 _DUMP_TIMEOUT_S = 300.0
 _PROBE_TIMEOUT_S = 30.0
 _EXECUTOR_MAIN = b"org.apache.spark.executor.CoarseGrainedExecutorBackend"
-_OWN_SHARING = ("-Xshare", "-XX:SharedArchiveFile", "-XX:ArchiveClassesAtExit")
+_OWN_SHARING = ("-Xshare", "-XX:SharedArchiveFile", "-XX:ArchiveClassesAtExit", "-XX:+RecordDynamicDumpInfo")
+_NO_ATTACH = ("-Xrs", "-XX:+DisableAttachMechanism")
+"""Executor options with which ``jcmd`` cannot reach the JVM: no archive is dumped from one."""
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
+_EXECUTOR_DEFAULT_OPTIONS = "spark.executor.defaultJavaOptions"
 _UNKEYED = ("-D", "-Xlog")
 """JVM options that leave an archive usable: system properties and logging. Any other (heap
 size, pointer compression, the collector) names an archive of its own."""
@@ -141,34 +148,52 @@ def archive_options(java: str, spark_home: str, settings: Mapping[str, str]) -> 
 
 def executor_archive(master: str, java: str, spark_home: str, settings: Mapping[str, str]) -> ExecutorArchive | None:
     """The same for the executors of ``master``: None also when they may run on another
-    machine (``executors_here``), or when there is no archive and none can be dumped (no
-    ``jcmd`` beside ``java``, or a ``java`` that cannot record). Executors start the ``java``
-    of their worker, which on this machine is the driver's unless a worker was given another
-    ``JAVA_HOME``; then the JVM finds the archive not its own and starts without it."""
-    if not executors_here(master):
+    machine (``executors_here``), when their options set class sharing themselves, or when
+    there is no archive and none can be dumped (``can_dump``). Executors start the ``java`` of
+    their worker, which on this machine is the driver's unless a worker was given another
+    ``JAVA_HOME``: an archive of another Java is not mapped (the JVM starts as without it),
+    but recording is tried with the driver's ``java`` only (set ``BATCHLINE_CLASS_ARCHIVE=off``
+    where workers run a Java that cannot record)."""
+    if not executors_here(master) or not os.path.isdir("/proc"):  # the dump finds executors in /proc
         return None
+    executor_options = [*settings.get(_EXECUTOR_DEFAULT_OPTIONS, "").split(),
+                        *settings.get(EXECUTOR_JAVA_OPTIONS, "").split()]
+    if any(option.startswith(_OWN_SHARING) for option in executor_options):
+        return None
+    heap = _heap_option(settings.get("spark.executor.memory", "1g"))
     found = _options(_EXECUTOR, java, spark_home, settings)
     if found is None:
         return None
     options, dump_to = found
-    if dump_to is not None and not can_dump(java):
+    if dump_to is not None and not can_dump(java, [*executor_options, *heap]):
         return None
     return ExecutorArchive(options, dump_to)
 
 
-def can_dump(java: str) -> bool:
-    """Whether JVMs of ``java`` can be told to write their archive while they run: ``jcmd``
-    is beside it, and it starts with ``-XX:+RecordDynamicDumpInfo`` (a Java without its
-    default class-data archive refuses to start with it, so that is tried first)."""
-    if not jcmd_of(java).is_file():
+def can_dump(java: str, options: list[str]) -> bool:
+    """Whether a JVM of ``java`` started with ``options`` can be told to write its archive
+    while it runs: ``jcmd`` is beside ``java``, nothing in ``options`` keeps ``jcmd`` out, and
+    it starts with ``-XX:+RecordDynamicDumpInfo`` added. A JVM that cannot map its Java's
+    default class-data archive (none shipped, or options that rule it out) refuses to start
+    with that option at all, so it is tried first, with the executors' own options."""
+    if not jcmd_of(java).is_file() or any(option in _NO_ATTACH for option in options):
         return False
     try:
-        tried = subprocess.run([java, "-XX:+RecordDynamicDumpInfo", "-version"], capture_output=True,
+        tried = subprocess.run([java, *options, "-XX:+RecordDynamicDumpInfo", "-version"], capture_output=True,
                                timeout=_PROBE_TIMEOUT_S)
     except (OSError, subprocess.TimeoutExpired) as error:
         logger.debug("Executors start without a class-data archive: %s could not be tried: %s", java, error)
         return False
     return tried.returncode == 0
+
+
+def _heap_option(memory: str) -> list[str]:
+    """``-Xmx`` for Spark's ``spark.executor.memory`` (``768m``, ``4g``, ``2gb``; MiB without
+    a unit), as a worker starts an executor: a heap past 32 GiB rules the default archive out."""
+    size = memory.strip().lower().removesuffix("b")
+    if not size:
+        return []
+    return [f"-Xmx{size}" if size[-1] in "kmgt" else f"-Xmx{size}m"]
 
 
 def jcmd_of(java: str) -> Path:
@@ -201,20 +226,28 @@ class ExecutorArchiveDump:
         if self._cancelled.wait(self._after_s):
             return
         executors = executor_pids(self._app_id)
-        if not executors:
-            logger.debug("No executor of %s on this machine to write the executors' class-data archive", self._app_id)
-            return
+        deadline = time.monotonic() + _FIND_EXECUTOR_S
+        while not executors:
+            if time.monotonic() > deadline:
+                logger.debug("No executor of %s on this machine to write the executors' class-data archive",
+                             self._app_id)
+                return
+            if self._cancelled.wait(1.0):
+                return
+            executors = executor_pids(self._app_id)
         executor, pid = min(executors.items())
         began = time.monotonic()
         try:
             done = subprocess.run([str(self._jcmd), str(pid), "VM.cds", "dynamic_dump", str(self._part)],
                                   capture_output=True, text=True, timeout=_DUMP_TIMEOUT_S)
-            problem = None if is_whole(self._part) else f"{done.stdout}{done.stderr}".strip()[-500:]
+            problem = (None if is_whole(self._part) else
+                       f"jcmd exited with {done.returncode}: {f'{done.stdout}{done.stderr}'.strip()[-500:]}")
         except (OSError, subprocess.TimeoutExpired) as error:
             problem = str(error)
         if problem is not None:
-            logger.info("Executor %s (process %d) could not write the executors' class-data archive, so they start "
-                        "without one; the next start tries again: %s", executor, pid, problem)
+            logger.warning("Executor %s (process %d) could not write the executors' class-data archive (%s). They "
+                           "start without one, and the next driver start tries again; if jcmd cannot reach executors "
+                           "here (another user, no attach), set BATCHLINE_CLASS_ARCHIVE=off", executor, pid, problem)
             self._part.unlink(missing_ok=True)
             return
         logger.info("Executor %s wrote the executors' class-data archive in %.1f s: executors on this machine start "
@@ -253,12 +286,12 @@ def executors_here(master: str) -> bool:
         return True
     if not master.startswith("spark://"):
         return False
-    here = {"localhost", socket.gethostname(), socket.getfqdn()}
-    for address in master.removeprefix("spark://").split(","):
-        host = address.rsplit(":", 1)[0].strip("[]")
-        if host not in here and not host.startswith("127.") and host != "::1":
-            return False
-    return True
+    hosts = [address.rsplit(":", 1)[0].strip("[]") for address in master.removeprefix("spark://").split(",")]
+    named = [host for host in hosts if host != "localhost" and not host.startswith("127.") and host != "::1"]
+    if not named:
+        return True
+    here = {socket.gethostname(), socket.getfqdn()}  # a name lookup, only for names
+    return all(host in here for host in named)
 
 
 def _options(role: _Role, java: str, spark_home: str, settings: Mapping[str, str]) -> tuple[str, Path | None] | None:

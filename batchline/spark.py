@@ -43,7 +43,7 @@ def check_java() -> str:
     java_home = os.environ.get("JAVA_HOME")
     java = os.path.join(java_home, "bin", "java") if java_home else shutil.which("java")
     where = f"JAVA_HOME={java_home}" if java_home else "PATH"
-    install = (f"Install Java {REQUIRED_JAVA} (Debian/Ubuntu: apt-get install openjdk-{REQUIRED_JAVA}-jre-headless) "
+    install = (f"Install Java {REQUIRED_JAVA} (Debian/Ubuntu: apt-get install openjdk-{REQUIRED_JAVA}-jdk-headless) "
                f"and put it on PATH, or set JAVA_HOME to its home directory.")
     if not java or not os.access(java, os.X_OK):
         raise JavaNotFoundError(f"Spark needs Java {REQUIRED_JAVA} or newer, but no java was found on {where}. "
@@ -122,7 +122,9 @@ def local_spark_session(
     executors and nodes (see ``session_conf``). Settings of Spark itself (not ``spark.sql.*``)
     take effect only when this starts Spark: if a session is already running, the ones it
     does not have are named in a WARN. A JVM this starts maps Spark's classes from a
-    class-data archive, which the first start writes when it exits (``batchline.class_archive``).
+    class-data archive, which the first start writes when it exits; executors on this machine
+    map one of their own, which one of them writes while a session runs
+    (``batchline.class_archive``).
     """
     settings = session_conf(shuffle_partitions=shuffle_partitions, ui=ui, conf=conf,
                             exclude_on_failure=exclude_on_failure)

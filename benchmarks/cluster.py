@@ -66,7 +66,8 @@ def restart_case(cluster: StandaloneCluster, s3: S3Server, repeats: int) -> dict
             time.sleep(1)
         if _archives_written() >= {"spark", "executor"}:
             break
-    print(f"class-data archives written: {sorted(_archives_written())}", flush=True)
+    archives = sorted(_archives_written())
+    print(f"class-data archives written: {archives}", flush=True)
     for _ in range(repeats):
         for case, (engine, checkpoint) in RESTARTS.items():
             restart = _restart(cluster, s3, engine, checkpoint)
@@ -84,6 +85,8 @@ def restart_case(cluster: StandaloneCluster, s3: S3Server, repeats: int) -> dict
         "ratio": round(medians["batchline"] / medians["sss"], 3),
         "ratio_both_checkpoints_local": round(medians["batchline_local_checkpoint"] / medians["sss"], 3),
         "goal_ratio": 0.8,
+        # Whose archives batchline's timed restarts started from (``spark``: the driver's).
+        "class_data_archives": archives,
         "checkpoint": {"batchline": "S3 endpoint", "sss": "local disk (no Hadoop S3 connector in pip's PySpark)",
                        "batchline_local_checkpoint": "local disk"},
     }

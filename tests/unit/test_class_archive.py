@@ -11,6 +11,7 @@ import struct
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -165,14 +166,17 @@ def test_a_path_with_spaces_stays_one_option(java, spark_home, tmp_path, monkeyp
 
 
 # ----------------------------------------------------------------------- executors
+needs_proc = pytest.mark.skipif(not os.path.isdir("/proc"), reason="executors are found in /proc (Linux)")
+
+
 @pytest.fixture()
 def recording_java(tmp_path: Path) -> str:
-    """A ``java`` that starts with ``-XX:+RecordDynamicDumpInfo``, with a ``jcmd`` beside it
-    that writes the part it is told to, whole, and notes its arguments."""
+    """A ``java`` that starts with ``-XX:+RecordDynamicDumpInfo`` and notes its arguments, with
+    a ``jcmd`` beside it that writes the part it is told to, whole, and notes its arguments."""
     folder = tmp_path / "jdk"
     folder.mkdir()
     java = folder / "java"
-    java.write_text("#!/bin/sh\nexit 0\n")
+    java.write_text(f"#!/bin/sh\necho \"$@\" > {folder}/java.args\nexit 0\n")
     jcmd = folder / "jcmd"
     jcmd.write_text(f"#!/bin/sh\necho \"$@\" > {folder}/jcmd.args\n"
                     f"{sys.executable} -c 'import sys; open(sys.argv[1], \"wb\").write(bytes.fromhex(sys.argv[2]))' "
@@ -182,17 +186,31 @@ def recording_java(tmp_path: Path) -> str:
     return str(java)
 
 
+def noted(java: str, binary: str) -> list[str] | None:
+    """The arguments the fake ``binary`` beside ``java`` was last started with."""
+    args = Path(java).parent / f"{binary}.args"
+    return args.read_text().split() if args.exists() else None
+
+
+def start_executor(app_id: str) -> subprocess.Popen:
+    """A process with the command line of executor 3 of ``app_id``'s JVM."""
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             "org.apache.spark.executor.CoarseGrainedExecutorBackend", "--driver-url", "x",
+                             "--executor-id", "3", "--hostname", "127.0.0.1", "--app-id", app_id])
+
+
 @pytest.fixture()
 def executor():
-    """A process that looks like executor 3 of application app-7 (a JVM's command line)."""
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
-                                "org.apache.spark.executor.CoarseGrainedExecutorBackend", "--driver-url", "x",
-                                "--executor-id", "3", "--hostname", "127.0.0.1", "--app-id", "app-7"])
-    yield process
+    """Executor 3 of an application of its own: (its process, the application's id)."""
+    app_id = f"app-{uuid.uuid4().hex}"
+    process = start_executor(app_id)
+    wait_for(lambda: executor_pids(app_id), "the executor's command line")
+    yield process, app_id
     process.kill()
     process.wait()
 
 
+@needs_proc
 @pytest.mark.parametrize(("master", "here"), [
     ("local-cluster[2,1,1024]", True), ("spark://127.0.0.1:7077", True), ("spark://localhost:7077", True),
     (f"spark://{socket.gethostname()}:7077", True), ("spark://[::1]:7077", True),
@@ -203,6 +221,7 @@ def test_executors_get_options_only_when_they_run_on_this_machine(recording_java
     assert (executor_archive(master, recording_java, str(spark_home), {}) is not None) is here
 
 
+@needs_proc
 def test_without_an_archive_executors_record_and_one_is_to_dump_a_part_the_next_start_maps(
         recording_java, spark_home, cache):
     master = "local-cluster[2,1,1024]"
@@ -225,19 +244,39 @@ def test_without_an_archive_executors_record_and_one_is_to_dump_a_part_the_next_
     assert driver_part.exists(), "the driver's part is the driver's start's to settle"
 
 
-def test_a_java_that_cannot_record_or_has_no_jcmd_starts_executors_as_they_were(recording_java, spark_home):
+@needs_proc
+def test_recording_is_tried_with_the_executors_own_options_and_heap_first(recording_java, spark_home):
+    master = "spark://127.0.0.1:7077"
+    settings = {"spark.executor.memory": "768m", "spark.executor.defaultJavaOptions": "-XX:+UseG1GC",
+                "spark.executor.extraJavaOptions": "-Dfoo=bar"}
+    assert executor_archive(master, recording_java, str(spark_home), settings) is not None
+    assert noted(recording_java, "java") == ["-XX:+UseG1GC", "-Dfoo=bar", "-Xmx768m", "-XX:+RecordDynamicDumpInfo",
+                                              "-version"]
+    executor_archive(master, recording_java, str(spark_home), {"spark.executor.memory": "2gb"})
+    assert "-Xmx2g" in noted(recording_java, "java")
+    executor_archive(master, recording_java, str(spark_home), {"spark.executor.memory": "1024"})
+    assert "-Xmx1024m" in noted(recording_java, "java")
+
+
+@needs_proc
+def test_a_java_that_cannot_record_or_be_reached_starts_executors_as_they_were(recording_java, spark_home):
     master = "spark://127.0.0.1:7077"
     jcmd = Path(recording_java).parent / "jcmd"
     Path(recording_java).write_text("#!/bin/sh\necho 'DynamicDumpSharedSpaces is unsupported' >&2\nexit 1\n")
-    assert not can_dump(recording_java)
+    assert not can_dump(recording_java, [])
     assert executor_archive(master, recording_java, str(spark_home), {}) is None
     Path(recording_java).write_text("#!/bin/sh\nexit 0\n")
-    assert can_dump(recording_java)
+    assert can_dump(recording_java, [])
+    for unreachable in ("-Xrs", "-XX:+DisableAttachMechanism"):
+        assert not can_dump(recording_java, [unreachable])
+        assert executor_archive(master, recording_java, str(spark_home),
+                                {"spark.executor.extraJavaOptions": unreachable}) is None
     jcmd.unlink()
-    assert not can_dump(recording_java)
+    assert not can_dump(recording_java, [])
     assert executor_archive(master, recording_java, str(spark_home), {}) is None
 
 
+@needs_proc
 def test_executor_archives_are_named_by_the_executors_settings_and_kept_apart_from_the_driver_s(
         recording_java, spark_home, cache):
     master, java = "spark://127.0.0.1:7077", recording_java
@@ -263,41 +302,68 @@ def test_executor_archives_are_named_by_the_executors_settings_and_kept_apart_fr
     assert same is not None and same.dump_to is None
 
 
-def test_the_executors_own_sharing_and_the_switch_are_left_alone(recording_java, spark_home, monkeypatch):
+@needs_proc
+@pytest.mark.parametrize("own", [{"spark.executor.extraJavaOptions": "-Xshare:off"},
+                                 {"spark.executor.defaultJavaOptions": "-Xshare:off"},
+                                 {"spark.executor.extraJavaOptions": "-XX:+RecordDynamicDumpInfo"}])
+def test_the_executors_own_sharing_and_the_switch_are_left_alone(recording_java, spark_home, monkeypatch, own):
     master = "local-cluster[2,1,1024]"
-    assert executor_archive(master, recording_java, str(spark_home),
-                            {"spark.executor.extraJavaOptions": "-Xshare:off"}) is None
+    assert executor_archive(master, recording_java, str(spark_home), own) is None
     monkeypatch.setenv(ARCHIVE_SWITCH, "off")
     assert executor_archive(master, recording_java, str(spark_home), {}) is None
 
 
+@needs_proc
 def test_executors_of_an_application_are_found_by_their_command_line(executor):
-    wait_for(lambda: executor_pids("app-7") == {"3": executor.pid}, "the executor's command line")
-    assert executor_pids("app-8") == {}
+    process, app_id = executor
+    assert executor_pids(app_id) == {"3": process.pid}
+    assert executor_pids(f"{app_id}-other") == {}
 
 
+@needs_proc
 def test_one_executor_of_the_application_is_told_to_dump_its_part(recording_java, executor, cache):
-    wait_for(lambda: executor_pids("app-7"), "the executor's command line")
+    process, app_id = executor
     cache.mkdir(parents=True)
     part = cache / "executor-0123.abc.part"
-    dump = ExecutorArchiveDump(recording_java, part, "app-7", after_s=0).start()
-    dump.join(30)
+    ExecutorArchiveDump(recording_java, part, app_id, after_s=0).start().join(30)
     assert part.read_bytes() == WHOLE
-    assert (Path(recording_java).parent / "jcmd.args").read_text().split() == [
-        str(executor.pid), "VM.cds", "dynamic_dump", str(part)]
+    assert noted(recording_java, "jcmd") == [str(process.pid), "VM.cds", "dynamic_dump", str(part)]
 
 
-def test_a_dump_that_fails_leaves_no_part_and_one_cancelled_runs_nothing(recording_java, executor, cache):
-    wait_for(lambda: executor_pids("app-7"), "the executor's command line")
+@needs_proc
+def test_an_executor_that_starts_late_is_waited_for(recording_java, cache):
+    app_id = f"app-{uuid.uuid4().hex}"
+    cache.mkdir(parents=True)
+    part = cache / "executor-0123.abc.part"
+    dump = ExecutorArchiveDump(recording_java, part, app_id, after_s=0).start()
+    process = start_executor(app_id)  # after the dump looked first
+    try:
+        dump.join(30)
+        assert part.read_bytes() == WHOLE
+        assert noted(recording_java, "jcmd")[0] == str(process.pid)
+    finally:
+        process.kill()
+        process.wait()
+
+
+@needs_proc
+def test_a_dump_that_fails_leaves_no_part_and_says_what_to_do(recording_java, executor, cache, caplog):
+    _, app_id = executor
     cache.mkdir(parents=True)
     jcmd = Path(recording_java).parent / "jcmd"
-    jcmd.write_text('#!/bin/sh\nprintf cut > "$4"\necho "Unable to open socket file" \nexit 1\n')
+    jcmd.write_text('#!/bin/sh\nprintf cut > "$4"\necho "Unable to open socket file"\nexit 1\n')
     part = cache / "executor-0123.abc.part"
-    ExecutorArchiveDump(recording_java, part, "app-7", after_s=0).start().join(30)
+    ExecutorArchiveDump(recording_java, part, app_id, after_s=0).start().join(30)
     assert not part.exists()
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 1 and "jcmd exited with 1: Unable to open socket file" in warned[0]
+    assert "BATCHLINE_CLASS_ARCHIVE=off" in warned[0]
 
-    jcmd.write_text(f"#!/bin/sh\ntouch {part}\n")
-    cancelled = ExecutorArchiveDump(recording_java, part, "app-7", after_s=0.5).start()
+
+@needs_proc
+def test_a_dump_cancelled_before_its_time_runs_nothing(recording_java, executor, cache):
+    _, app_id = executor
+    cancelled = ExecutorArchiveDump(recording_java, cache / "executor-0123.abc.part", app_id, after_s=0.5).start()
     cancelled.cancel()
-    cancelled.join(30)
-    assert not part.exists()
+    cancelled.join(30)  # uncancelled, it would run jcmd at 0.5 s and end after
+    assert noted(recording_java, "jcmd") is None
