@@ -38,7 +38,9 @@ elsewhere gets no options for them.
 
 Set ``BATCHLINE_CLASS_ARCHIVE=off`` to start without one; ``BATCHLINE_CACHE_DIR`` moves the
 cache (default ``~/.cache/batchline``). Options of your own that already set a JVM's class
-sharing (``-Xshare``, ``-XX:SharedArchiveFile``, ``-XX:ArchiveClassesAtExit``) are left alone.
+sharing (``-Xshare``, ``-XX:SharedArchiveFile``, ``-XX:ArchiveClassesAtExit``,
+``-XX:+RecordDynamicDumpInfo``, in ``spark.driver.extraJavaOptions``, or in
+``spark.executor.extraJavaOptions`` or ``spark.executor.defaultJavaOptions``) are left alone.
 """
 
 from __future__ import annotations
