@@ -96,7 +96,6 @@ _NO_ATTACH = ("-Xrs", "-XX:+DisableAttachMechanism")
 """Executor options with which ``jcmd`` cannot reach the JVM: no archive is dumped from one."""
 DRIVER_JAVA_OPTIONS = "spark.driver.extraJavaOptions"
 EXECUTOR_JAVA_OPTIONS = "spark.executor.extraJavaOptions"
-_EXECUTOR_DEFAULT_OPTIONS = "spark.executor.defaultJavaOptions"
 _UNKEYED = ("-D", "-Xlog")
 """JVM options that leave an archive usable: system properties and logging. Any other (heap
 size, pointer compression, the collector) names an archive of its own."""
@@ -111,16 +110,19 @@ class _Role:
     who: str
     prefix: str
     """Its archives' names start with it (the driver's ``spark-``, as they always did)."""
-    java_options: str
-    """The setting that carries its JVM options."""
+    own_options: tuple[str, ...]
+    """The settings that carry its JVM options of the user's own."""
     keyed_settings: tuple[str, ...]
     """Settings that change its class path or memory layout."""
     writes_at_exit: bool
     """Its JVM writes its part as it exits; else one of its JVMs is told to while it runs."""
 
+    def options_of(self, settings: Mapping[str, str]) -> list[str]:
+        return [option for key in self.own_options for option in settings.get(key, "").split()]
 
-_DRIVER = _Role("driver", "spark", DRIVER_JAVA_OPTIONS, ("spark.driver.extraClassPath", "spark.driver.memory"), True)
-_EXECUTOR = _Role("executor", "executor", EXECUTOR_JAVA_OPTIONS,
+
+_DRIVER = _Role("driver", "spark", (DRIVER_JAVA_OPTIONS,), ("spark.driver.extraClassPath", "spark.driver.memory"), True)
+_EXECUTOR = _Role("executor", "executor", ("spark.executor.defaultJavaOptions", EXECUTOR_JAVA_OPTIONS),
                   ("spark.executor.extraClassPath", "spark.executor.memory"), False)
 
 
@@ -158,16 +160,12 @@ def executor_archive(master: str, java: str, spark_home: str, settings: Mapping[
     where workers run a Java that cannot record)."""
     if not executors_here(master) or not os.path.isdir("/proc"):  # the dump finds executors in /proc
         return None
-    executor_options = [*settings.get(_EXECUTOR_DEFAULT_OPTIONS, "").split(),
-                        *settings.get(EXECUTOR_JAVA_OPTIONS, "").split()]
-    if any(option.startswith(_OWN_SHARING) for option in executor_options):
-        return None
-    heap = _heap_option(settings.get("spark.executor.memory", "1g"))
     found = _options(_EXECUTOR, java, spark_home, settings)
     if found is None:
         return None
     options, dump_to = found
-    if dump_to is not None and not can_dump(java, [*executor_options, *heap]):
+    heap = _heap_option(settings.get("spark.executor.memory", "1g"))
+    if dump_to is not None and not can_dump(java, [*_EXECUTOR.options_of(settings), *heap]):
         return None
     return ExecutorArchive(options, dump_to)
 
@@ -301,8 +299,7 @@ def _options(role: _Role, java: str, spark_home: str, settings: Mapping[str, str
     then the part to write."""
     if os.environ.get(ARCHIVE_SWITCH, "").strip().lower() in ("off", "0", "false", "no"):
         return None
-    own = settings.get(role.java_options, "")
-    if any(option.startswith(_OWN_SHARING) for option in own.split()):
+    if any(option.startswith(_OWN_SHARING) for option in role.options_of(settings)):
         return None
     directory = archive_dir()
     try:
@@ -334,7 +331,7 @@ def _key(role: _Role, java: str, spark_home: str, settings: Mapping[str, str]) -
         "spark_home": os.path.realpath(spark_home),
         "jars": sorted((entry.name, entry.stat().st_size) for entry in os.scandir(jars)) if jars.is_dir() else [],
         "settings": {key: settings.get(key) for key in role.keyed_settings},
-        "java_options": [o for o in settings.get(role.java_options, "").split() if not o.startswith(_UNKEYED)],
+        "java_options": [o for o in role.options_of(settings) if not o.startswith(_UNKEYED)],
         "environment": {key: os.environ.get(key) for key in _KEYED_ENVIRONMENT},
     }
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
