@@ -306,16 +306,19 @@ class StateEntries:
                 earliest = entry[1]
         return None if earliest == _NO_DEADLINE else earliest
 
-    def due(self, at_ms: int) -> list[tuple[Any, int]]:
+    def due(self, at_ms: int, skip: Container[Any] = ()) -> list[tuple[Any, int]]:
         """The keys whose deadline is at or before ``at_ms``, earliest first (keys sharing a
-        deadline in the order of their ``repr``, the same in every process)."""
+        deadline in the order of their ``repr``, the same in every process), but those in
+        ``skip`` (the batch's keys with rows: most of them are due, and the order costs a
+        ``repr`` each)."""
         due: list[tuple[Any, int]] = []
         if self._deadlines is not None:
             rows = np.flatnonzero(self._deadlines <= at_ms)
             if len(rows):
-                due += zip(self._keys_at(rows), self._deadlines[rows].tolist(), strict=True)
+                due += [(key, deadline) for key, deadline in zip(self._keys_at(rows), self._deadlines[rows].tolist(),
+                                                                 strict=True) if key not in skip]
         for key, (entry, _) in self._recent.items():
-            if entry is not None and entry[1] is not None and entry[1] <= at_ms:
+            if entry is not None and entry[1] is not None and entry[1] <= at_ms and key not in skip:
                 due.append((key, entry[1]))
         due.sort(key=lambda item: (item[1], repr(item[0])))
         return due

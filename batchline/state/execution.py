@@ -640,9 +640,9 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
         called = groups = _by_key(spec, rows)
     last = last_due(timeout, batch_time, params.watermark_ms, params.end_of_input)
     times_out = isinstance(spec.fn, TimesOutInBulk)
-    due = cached.data.entries.due(last) if last is not None and not times_out else []
+    due = cached.data.entries.due(last, skip=called) if last is not None and not times_out else []
     initial = [key for key in sorted(cached.data.initial_keys, key=repr) if key not in groups]
-    # Every key the batch calls, looked up at once (due keys timed out in bulk are read as Arrow).
+    # Every key the batch calls, looked up once (due keys timed out in bulk are read as Arrow).
     entries = cached.data.entries.get_many(itertools.chain(groups, initial, (key for key, _ in due)))
     outputs: list[tuple[tuple[Any, ...], Any]] = []
     delta: _Delta = {}
@@ -697,7 +697,7 @@ def _call_function(spec: OperatorSpec, params: BatchParams, cached: _Cached, row
         timed_out = _time_out_in_bulk(spec, params, cached, last, called_rows, skip_keys, watermark, stats)
         bulk += [timed_out] if timed_out is not None else []
         return outputs, delta, _Bulk.joined(bulk)
-    timed_out_keys = [key for key, _ in due if key not in called and key not in delta]
+    timed_out_keys = [key for key, _ in due if key not in delta]  # ``due`` left the called keys out already
     stats.timed_out += len(timed_out_keys)
     for key in timed_out_keys:
         call(key, [], True)
