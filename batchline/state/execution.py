@@ -17,6 +17,7 @@ A failure of the state function leaves as one ``StateFunctionError``, built in `
 from __future__ import annotations
 
 import collections
+import functools
 import itertools
 import logging
 import threading
@@ -414,7 +415,8 @@ def _count_event_times(spec: OperatorSpec, batch: pa.RecordBatch, stats: Stats) 
 def _row_maker(names: list[str]) -> Callable[[Iterable[Any]], tuple[Any, ...]]:
     """Rows as named tuples of the input's columns."""
     row_type = collections.namedtuple("Row", names, rename=True)  # type: ignore[misc]
-    return row_type._make
+    # ``tuple.__new__`` bound to the type: ``_make`` does the same through a Python call per row.
+    return functools.partial(tuple.__new__, row_type)
 
 
 def _failure(spec: OperatorSpec, params: BatchParams, kind: ErrorKind, key: Any, message: str,
