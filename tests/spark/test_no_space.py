@@ -49,9 +49,9 @@ class Space:
         self.filler = self.root / "filler"
 
     def fill_leaving(self, free_bytes: int) -> None:
-        """A filler file that leaves about ``free_bytes`` free. The pipeline's threads (the
-        lease's renewal, the checkpoint's writer) may take a page meanwhile: the filler is then
-        measured again."""
+        """A filler file that leaves about ``free_bytes`` free. The running pipeline's own
+        threads may take a page between the measure and the write (once in a full run of the
+        suite): the filler is then measured again."""
         for attempt in range(3):
             size = self.room() - free_bytes
             assert size > 0, (self.room(), free_bytes)
