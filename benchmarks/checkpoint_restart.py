@@ -69,10 +69,9 @@ def scheduling_delays(spark, checkpoint: str | None, interval: str | None = None
                                                 for i in range(SEEN_FILES)]})
         listener.done.wait(120)
         writes = list(ssc.checkpoint_manager.writer.write_durations_ms) if checkpoint else []
-        size = 0
-        if checkpoint:
-            size = max(p.stat().st_size for p in Path(checkpoint, "checkpoints").iterdir())
-        ssc.stop()
+        ssc.stop()  # first: a running pipeline deletes old checkpoints between a listing and a stat
+        size = max((p.stat().st_size for p in Path(checkpoint, "checkpoints").iterdir()), default=0) \
+            if checkpoint else 0
     return listener.delays[5:], writes, size  # skip the warm-up batches
 
 
