@@ -57,11 +57,26 @@ PURGE_EVERY = 10
 
 
 def operator_progress(operator: str, stats: Stats, watermark_ms: int | None, partitions_kept: int = 0,
-                      partitions_finished: int = 0) -> StateOperatorProgress:
+                      partitions_finished: int = 0, rerun_input: str | None = None) -> StateOperatorProgress:
     """What the operator's tasks reported for one batch, as its progress record."""
     return StateOperatorProgress(operator, stats.rows, stats.late_rows, stats.keys_called, stats.updated,
                                  stats.removed, stats.timed_out, stats.output_rows, stats.state_keys, watermark_ms,
-                                 partitions_kept, stats.state_bytes, stats.delta_bytes, partitions_finished)
+                                 partitions_kept, stats.state_bytes, stats.delta_bytes, partitions_finished,
+                                 rerun_input)
+
+
+def rerun_input(kept: frozenset[int], whole: bool, partitions: int) -> str | None:
+    """What a batch re-run after a restart read of its input again, and why: said in its
+    progress record, since a re-run that keeps most partitions still takes as long to read."""
+    if whole:
+        return ("all of it, for every partition: an input cannot give the batch the same rows again, so no "
+                "partition keeps what it had finished")
+    if not kept:
+        return None
+    rerun = sorted(set(range(partitions)) - kept)
+    return (f"all of it, for the {len(rerun)} re-run partition(s) {rerun}: a row's state partition follows from "
+            "its key once it is read, so no source can give the rows of some partitions alone; the rows of the "
+            f"{len(kept)} kept partition(s) were read and left out of the shuffle")
 
 
 ReportedStats = dict[int, Stats]

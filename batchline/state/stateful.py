@@ -653,6 +653,7 @@ class StatefulRuntime(StreamRuntime):
             run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
             stats = self.reported(batch_time, started.params)
         running, ending, watermark = started.running, started.ending, started.watermark_ms
+        reread = operator.rerun_input(batch.kept, batch.rerun_whole, self.num_partitions)
         for note in dict.fromkeys(stats.warnings):  # a partition evaluated by two jobs says it twice
             logger.warning("Operator %s, batch %d: %s", self.name, batch_time, note)
         if not batch.counted_event_times:
@@ -676,7 +677,7 @@ class StatefulRuntime(StreamRuntime):
         totals = stats if facts is None else dataclasses.replace(
             stats, state_keys=sum(f.keys for f in facts.values()),
             state_bytes=sum(f.state_bytes for f in facts.values()))
-        batch.progress = operator_progress(self.name, totals, watermark, len(batch.kept), len(self._drained))
+        batch.progress = operator_progress(self.name, totals, watermark, len(batch.kept), len(self._drained), reread)
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)

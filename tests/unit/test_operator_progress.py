@@ -105,3 +105,16 @@ def test_a_partition_that_reports_again_counts_once():
 
     total = tasks_reported(Reports())  # type: ignore[arg-type]
     assert (total.rows, total.keys_called, total.partitions) == (48, 12, 3)
+
+
+def test_a_rerun_batch_says_what_of_its_input_it_read_again_and_why():
+    from batchline.state.operator import rerun_input
+
+    assert rerun_input(frozenset(), whole=False, partitions=8) is None  # a batch that ran once
+    kept = rerun_input(frozenset({0, 1, 2, 3, 4, 5}), whole=False, partitions=8)
+    assert kept is not None
+    assert "the 2 re-run partition(s) [6, 7]" in kept
+    assert "no source can give the rows of some partitions alone" in kept
+    assert "the 6 kept partition(s) were read and left out of the shuffle" in kept
+    whole = rerun_input(frozenset(), whole=True, partitions=8)
+    assert whole is not None and "for every partition: an input cannot give the batch the same rows again" in whole
