@@ -213,7 +213,12 @@ def run_peer(spark: SparkSession, input_dir: Path, files: int, checkpoint: Path)
             break
         time.sleep(0.5)
     query.stop()
-    print(f"  peer batches: {durations}", flush=True)
+    # A stopped query's job is cancelled at once, but a Python task in the middle of its
+    # function runs on to its end (45 s once, beside the runs after it): those wait for it.
+    tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 600
+    while any(e.numRunningTasks for e in tracker.getExecutorInfos()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    print(f"  peer batches: {durations}; its tasks ended {time.strftime('%H:%M:%S')}", flush=True)
     return durations[:files]
 
 
