@@ -10,11 +10,12 @@ Streaming's applyInPandasWithState and Bytewax 0.21, on the same input, in one r
    worker in a process of its own, once without recovery and once with SQLite recovery
    snapshotting every 2 s (benchmarks/bytewax_sessions.py: how its wall-clock timers stand in
    for the manual clock). batchline keeps durable state, so it is compared with the latter.
-   batchline and the bare job run in alternating rounds (``--rounds``) after an untimed pass
-   of the bare job: the JVM keeps compiling the read, the shuffle and the Arrow transfer for
-   dozens of batches, so a side measured first, on a colder JVM, would look slower than it is
-   (a bare job measured once, before batchline, ran 0.58 s a batch where the same job later
-   ran 0.36-0.42 s). The first batch of each round is left out on both sides.
+   batchline and the bare job run in rounds (``--rounds``, at least 2) after an untimed pass
+   of the bare job, the bare job first in odd rounds and second in even ones: the JVM keeps
+   compiling the read, the shuffle and the Arrow transfer for dozens of batches, so a side
+   always measured first, on a colder JVM, would look slower than it is (a bare job measured
+   once, before batchline, ran 0.58 s a batch where the same job later ran 0.36-0.42 s). The
+   first batch of each round is left out on both sides.
 2. Batch time when 10k keys change while the state holds 10k, 100k and 1M keys.
 3. Memory per key held in state (the worker-resident cache) and bytes per key on disk.
 
@@ -216,7 +217,10 @@ def run_peer(spark: SparkSession, input_dir: Path, files: int, checkpoint: Path)
     # A stopped query's job is cancelled at once, but a Python task in the middle of its
     # function runs on to its end (45 s once, beside the runs after it): those wait for it.
     tracker, deadline = spark.sparkContext.statusTracker(), time.monotonic() + 600
-    while any(e.numRunningTasks for e in tracker.getExecutorInfos()) and time.monotonic() < deadline:
+    while any(e.numRunningTasks for e in tracker.getExecutorInfos()):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the stopped peer's tasks still run after 10 minutes: the runs after it would share "
+                               "the cores with them; run the benchmark again")
         time.sleep(0.5)
     print(f"  peer batches: {durations}; its tasks ended {time.strftime('%H:%M:%S')}", flush=True)
     return durations[:files]
@@ -317,7 +321,8 @@ def memory_per_key(checkpoint: Path, operator: str, state_schema: Any) -> dict[s
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--files", type=int, default=5, help="batches for batchline and the bare job, per round")
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds of the bare job and batchline")
+    parser.add_argument("--rounds", type=int, default=2,
+                        help="rounds of the bare job and batchline, each first in every other round")
     parser.add_argument("--peer-files", type=int, default=3, help="batches for applyInPandasWithState")
     parser.add_argument("--scale", default="10000,100000,1000000")
     parser.add_argument("--changed", type=int, default=10_000)
@@ -329,6 +334,9 @@ def main() -> None:
     if args.bytewax and not have_bytewax:
         parser.error('--bytewax needs Bytewax 0.21: pip install -e ".[bench]"')
     use_bytewax = have_bytewax if args.bytewax is None else args.bytewax
+    if args.files < 2 or args.rounds < 2:
+        parser.error("--files and --rounds need at least 2: a round's first batch is not counted, and each side "
+                     "goes first in one round")
 
     spark = local_spark_session("local[2]", "bench-sessionization", shuffle_partitions=PARTITIONS)
     work = Path(tempfile.mkdtemp(prefix="bench-sessions-"))
@@ -340,9 +348,12 @@ def main() -> None:
         print("untimed warm-up", bare_shuffle(spark, paths[: args.files]), flush=True)
         bare_rounds, our_rounds = [], []
         for r in range(args.rounds):
+            if r % 2 == 1:
+                ours, ours_closed = run_batchline(spark, input_dir, args.files, work / f"batchline-{r}")
             bare_rounds.append(bare_shuffle(spark, paths[: args.files]))
             print(f"round {r + 1}: bare", bare_rounds[-1], flush=True)
-            ours, ours_closed = run_batchline(spark, input_dir, args.files, work / f"batchline-{r}")
+            if r % 2 == 0:
+                ours, ours_closed = run_batchline(spark, input_dir, args.files, work / f"batchline-{r}")
             our_rounds.append(ours)
         peer_dir = work / "peer-in"
         peer_dir.mkdir()
@@ -360,7 +371,8 @@ def main() -> None:
         pooled = lambda rounds: statistics.median([x for xs in rounds for x in xs[1:]])  # noqa: E731 - the same, per round
         throughput = {
             "events_per_batch": EVENTS_PER_BATCH, "users": USERS, "partitions": PARTITIONS,
-            "rounds": args.rounds, "untimed_warm_up": "one pass of the bare job",
+            "rounds": args.rounds, "order": "the bare job first in odd rounds, batchline first in even ones",
+            "untimed_warm_up": "one pass of the bare job",
             "batchline_batch_seconds": [[round(x, 2) for x in xs] for xs in our_rounds],
             "peer_batch_seconds": [round(x, 2) for x in peer],
             "bare_batch_seconds": [[round(x, 2) for x in xs] for xs in bare_rounds],

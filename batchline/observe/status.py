@@ -127,9 +127,8 @@ class PipelineStatus:
             for op in batch.state_operators:
                 lines.append(f"  operator {op.operator}: {op.state_keys} keys in state, about {op.state_bytes} bytes"
                              + (f", {op.partitions_finished} partitions finished" if op.partitions_finished else ""))
-                if op.rerun_input is not None:
-                    lines.append(f"    re-run after a restart, {op.partitions_kept} partitions kept; its input read "
-                                 f"again: {op.rerun_input}")
+                if op.rerun_note is not None:
+                    lines.append(f"    run again by a restart, which read: {op.rerun_note}")
             if batch.watermark_ms is not None:
                 lines.append(f"  watermark: {format_batch_time(batch.watermark_ms)}")
             for executor in batch.excluded_executors:

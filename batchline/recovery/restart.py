@@ -93,7 +93,7 @@ def plan_restart(pipeline: PipelineRuntime, checkpoints: CheckpointManager, chec
         if unreplayable:
             logger.warning("Batch %s read input(s) %s, which cannot give it the same data again; the whole batch "
                            "re-runs", format_batch_time(batch_time), unreplayable)
-        pipeline.recover_batch(batch_time, whole=bool(unreplayable))
+        pipeline.recover_batch(batch_time, unreplayable)
     return RestartPlan(to_reschedule, set(rerun))
 
 

@@ -92,9 +92,9 @@ class StateOperatorProgress:
     """Bytes of the state delta files the batch wrote."""
     partitions_finished: int = 0
     """State partitions whose input has ended and that hold no timer (SPEC G2)."""
-    rerun_input: str | None = None
-    """For a batch re-run after a restart: what of its input it read again, and why (None for
-    a batch that ran once)."""
+    rerun_note: str | None = None
+    """For a batch that a restart ran again: what of its inputs it read again, and why (None
+    for a batch that ran in one driver)."""
 
 
 @dataclass(frozen=True)

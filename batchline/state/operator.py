@@ -15,6 +15,7 @@ The settings are read when used, so tests may change them on this module.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 
 from pyspark import SparkContext
 from pyspark.accumulators import Accumulator, AccumulatorParam
@@ -43,6 +44,7 @@ __all__ = [
     "operator_task",
     "publish_batch_params",
     "purge_old_versions",
+    "rerun_note",
     "run_batch_job",
     "tasks_reported",
 ]
@@ -57,26 +59,32 @@ PURGE_EVERY = 10
 
 
 def operator_progress(operator: str, stats: Stats, watermark_ms: int | None, partitions_kept: int = 0,
-                      partitions_finished: int = 0, rerun_input: str | None = None) -> StateOperatorProgress:
+                      partitions_finished: int = 0, rerun_note: str | None = None) -> StateOperatorProgress:
     """What the operator's tasks reported for one batch, as its progress record."""
     return StateOperatorProgress(operator, stats.rows, stats.late_rows, stats.keys_called, stats.updated,
                                  stats.removed, stats.timed_out, stats.output_rows, stats.state_keys, watermark_ms,
                                  partitions_kept, stats.state_bytes, stats.delta_bytes, partitions_finished,
-                                 rerun_input)
+                                 rerun_note)
 
 
-def rerun_input(kept: frozenset[int], whole: bool, partitions: int) -> str | None:
-    """What a batch re-run after a restart read of its input again, and why: said in its
-    progress record, since a re-run that keeps most partitions still takes as long to read."""
-    if whole:
-        return ("all of it, for every partition: an input cannot give the batch the same rows again, so no "
-                "partition keeps what it had finished")
+def rerun_note(kept: frozenset[int], rerun: Sequence[int], unreplayable: Sequence[str]) -> str:
+    """Why a batch that a restart runs again reads its inputs again, and for which partitions:
+    for its progress record, as a re-run that keeps most partitions still reads everything."""
+    if unreplayable:
+        return (f"input(s) {', '.join(unreplayable)} cannot give the batch its rows again: it ran without them, "
+                "every partition again, on what its other inputs still hold")
     if not kept:
-        return None
-    rerun = sorted(set(range(partitions)) - kept)
-    return (f"all of it, for the {len(rerun)} re-run partition(s) {rerun}: a row's state partition follows from "
-            "its key once it is read, so no source can give the rows of some partitions alone; the rows of the "
-            f"{len(kept)} kept partition(s) were read and left out of the shuffle")
+        return ("everything its inputs still hold, for every partition: none had finished the batch durably before "
+                "the restart")
+    shown = ", ".join(map(str, rerun[:_PARTITIONS_SHOWN])) + (
+        f" and {len(rerun) - _PARTITIONS_SHOWN} more" if len(rerun) > _PARTITIONS_SHOWN else "")
+    return (f"everything its inputs still hold, for {len(rerun)} partition(s) ({shown}); {len(kept)} kept what "
+            "they had finished, and their rows were left out of the state shuffle: a row's state partition "
+            "follows from its key once the row is read, so no source can give some partitions' rows alone")
+
+
+_PARTITIONS_SHOWN = 10
+"""Partitions a note names; a longer list is counted."""
 
 
 ReportedStats = dict[int, Stats]

@@ -42,6 +42,9 @@ class OperatorBatch:
     """Re-run by a restart: the partitions that keep what they had finished (their output is stored)."""
     rerun_whole: bool = False
     """Re-run whole by a restart: its partitions keep nothing they had finished."""
+    rerun_note: str | None = None
+    """Run again by a restart: what of its inputs it reads again and why, for its progress
+    record (every attempt's: a retry does not undo the restart's decision)."""
     awaiting_commit: bool = False
     """Its job was generated and it has not committed yet."""
     skipped: bool = False

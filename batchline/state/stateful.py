@@ -653,7 +653,6 @@ class StatefulRuntime(StreamRuntime):
             run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
             stats = self.reported(batch_time, started.params)
         running, ending, watermark = started.running, started.ending, started.watermark_ms
-        reread = operator.rerun_input(batch.kept, batch.rerun_whole, self.num_partitions)
         for note in dict.fromkeys(stats.warnings):  # a partition evaluated by two jobs says it twice
             logger.warning("Operator %s, batch %d: %s", self.name, batch_time, note)
         if not batch.counted_event_times:
@@ -677,7 +676,8 @@ class StatefulRuntime(StreamRuntime):
         totals = stats if facts is None else dataclasses.replace(
             stats, state_keys=sum(f.keys for f in facts.values()),
             state_bytes=sum(f.state_bytes for f in facts.values()))
-        batch.progress = operator_progress(self.name, totals, watermark, len(batch.kept), len(self._drained), reread)
+        batch.progress = operator_progress(self.name, totals, watermark, len(batch.kept), len(self._drained),
+                                           batch.rerun_note)
         if stats.late_rows:
             logger.info("Operator %s dropped %d late rows in batch %d (watermark %s)", self.name, stats.late_rows,
                         batch_time, watermark)
@@ -737,20 +737,24 @@ class StatefulRuntime(StreamRuntime):
         facts = (self._facts or {}).values()
         return Stats(state_keys=sum(f.keys for f in facts), state_bytes=sum(f.state_bytes for f in facts))
 
-    def recover_batch(self, batch_time: int, whole: bool) -> None:
-        """Say which partitions keep the work they recorded as finished before the crash; with
-        ``whole`` (an input cannot replay) none does, and their records are deleted."""
+    def recover_batch(self, batch_time: int, unreplayable: Sequence[str]) -> None:
+        """Say which partitions keep the work they recorded as finished before the crash; when
+        an input cannot replay (``unreplayable``) none does, and their records are deleted."""
+        batch = self._part_of(batch_time)
+        batch.rerun_note = operator.rerun_note(frozenset(), (), unreplayable)
         if self.metadata is None:
             return
         events, generation, partitions = self._checkpoint.events, self.metadata.generation, self.metadata.num_partitions
-        if whole:
+        if unreplayable:
             events.forget_finished(batch_time, self.name, generation, partitions)
-            self._part_of(batch_time).rerun_whole = True
+            batch.rerun_whole = True
             return
         kept = [p for p in range(partitions) if events.finished(batch_time, self.name, generation, p) is not None
                 and self._keepable(batch_time, generation, p)]
         if kept:
-            self._part_of(batch_time).kept = frozenset(kept)
+            batch.kept = frozenset(kept)
+            batch.rerun_note = operator.rerun_note(batch.kept, [
+                p for p in range(partitions) if p not in batch.kept and p not in self._drained], unreplayable)
             logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
                         format_batch_time(batch_time), len(kept), partitions, self.name, partitions - len(kept))
             logger.info("Batch %s: the rows of the kept partitions %s of operator %r are left out of its shuffle",

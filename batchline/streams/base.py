@@ -318,9 +318,9 @@ class StreamRuntime(ABC):
         records and dead letters, counted by the jobs that read them)."""
         return None
 
-    def recover_batch(self, batch_time: int, whole: bool) -> None:
+    def recover_batch(self, batch_time: int, unreplayable: Sequence[str]) -> None:
         """A restart runs ``batch_time`` again with its logged inputs: keep what it had finished
-        durably, unless ``whole`` (an input it read cannot replay, SPEC F3)."""
+        durably, unless an input it read cannot replay (``unreplayable`` names them, SPEC F3)."""
         return None
 
     def verify(self, batch_time: int) -> None:

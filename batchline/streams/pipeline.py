@@ -8,6 +8,7 @@ batch, carry progress across restarts and move on when the batch is committed.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from typing import Any
 
 from batchline.batch_time import format_batch_time
@@ -189,9 +190,9 @@ class PipelineRuntime:
         same data again."""
         return [s.name for s in self.inputs if s.name in allocations and not s.can_replay(batch_time)]
 
-    def recover_batch(self, batch_time: int, whole: bool) -> None:
+    def recover_batch(self, batch_time: int, unreplayable: Sequence[str]) -> None:
         for runtime in self.runtimes:
-            runtime.recover_batch(batch_time, whole)
+            runtime.recover_batch(batch_time, unreplayable)
 
     def recover_after_restart(self) -> None:
         for stream in self.inputs:

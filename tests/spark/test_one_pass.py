@@ -268,7 +268,7 @@ def test_a_rerun_batch_shuffles_only_the_rows_of_the_partitions_it_reruns(spark,
     assert info.failure is None, info.failure
     progress = info.state_operators["counts"]
     assert progress.partitions_kept == RERUN_PARTITIONS - 1
-    assert progress.rerun_input is not None and "left out of the shuffle" in progress.rerun_input
+    assert progress.rerun_note is not None and "left out of the state shuffle" in progress.rerun_note
     # Into the state shuffle: the three rows of each user in user 13's partition, no others, and
     # one marker row per state partition (the operator runs inside its only output's job: there
     # is no count of its own).

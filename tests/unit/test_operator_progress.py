@@ -2,6 +2,8 @@
 the commit marker and back: nothing the runtime keeps for a restart is dropped on the way
 (the idle timeout's ``last_rows_at`` once was, by the checkpoint)."""
 
+from types import SimpleNamespace
+
 from pyspark.sql.types import StructType
 
 from batchline.checkpoint.events import CommitMarker
@@ -107,14 +109,64 @@ def test_a_partition_that_reports_again_counts_once():
     assert (total.rows, total.keys_called, total.partitions) == (48, 12, 3)
 
 
-def test_a_rerun_batch_says_what_of_its_input_it_read_again_and_why():
-    from batchline.state.operator import rerun_input
 
-    assert rerun_input(frozenset(), whole=False, partitions=8) is None  # a batch that ran once
-    kept = rerun_input(frozenset({0, 1, 2, 3, 4, 5}), whole=False, partitions=8)
-    assert kept is not None
-    assert "the 2 re-run partition(s) [6, 7]" in kept
-    assert "no source can give the rows of some partitions alone" in kept
-    assert "the 6 kept partition(s) were read and left out of the shuffle" in kept
-    whole = rerun_input(frozenset(), whole=True, partitions=8)
-    assert whole is not None and "for every partition: an input cannot give the batch the same rows again" in whole
+class _FinishRecords:
+    """The job event store's finish records of one batch, as ``recover_batch`` reads them."""
+
+    def __init__(self, finished: set[int]) -> None:
+        self.finished_partitions, self.forgotten = finished, False
+
+    def finished(self, batch_time: int, operator: str, generation: int, partition: int) -> object | None:
+        return object() if partition in self.finished_partitions else None
+
+    def forget_finished(self, batch_time: int, operator: str, generation: int, partitions: int) -> None:
+        self.forgotten = True
+
+
+def recovering(finished: set[int], partitions: int = 8, drained: frozenset[int] = frozenset(),
+               metadata: bool = True) -> StatefulRuntime:
+    """A runtime with what a restart's ``recover_batch`` reads: its finish records and metadata."""
+    made = runtime()
+    made.metadata = StateMetadata("counts", partitions, 2, StructType([]), StructType([]), "NoTimeout") \
+        if metadata else None
+    made.name, made._batches, made._drained = "counts", {}, set(drained)
+    made._checkpoint = SimpleNamespace(events=_FinishRecords(finished))
+    made._keepable = lambda batch_time, generation, partition: True  # their files read back whole
+    return made
+
+
+def test_a_batch_a_restart_runs_again_says_what_of_its_inputs_it_read_again_and_why():
+    kept = recovering({0, 1, 2, 3, 4, 5}, drained=frozenset({7}))
+    kept.recover_batch(5_000, ())
+    note = kept.batch(5_000).rerun_note
+    assert kept.batch(5_000).kept == frozenset(range(6))
+    assert note is not None and note.startswith("everything its inputs still hold, for 1 partition(s) (6); 6 kept")
+    assert "left out of the state shuffle" in note and "no source can give some partitions' rows alone" in note
+
+    many = recovering({0}, partitions=40)
+    many.recover_batch(5_000, ())
+    assert "for 39 partition(s) (1, 2, 3, 4, 5, 6, 7, 8, 9, 10 and 29 more); 1 kept" in many.batch(5_000).rerun_note
+
+    none = recovering(set())
+    none.recover_batch(5_000, ())
+    assert none.batch(5_000).rerun_note == ("everything its inputs still hold, for every partition: none had "
+                                            "finished the batch durably before the restart")
+    fresh = recovering(set(), metadata=False)
+    fresh.recover_batch(5_000, ())
+    assert fresh.batch(5_000).rerun_note == none.batch(5_000).rerun_note
+
+    whole = recovering({0, 1, 2})
+    whole.recover_batch(5_000, ["queue"])
+    assert whole.batch(5_000).rerun_whole and whole._checkpoint.events.forgotten
+    assert whole.batch(5_000).kept == frozenset()
+    assert whole.batch(5_000).rerun_note == ("input(s) queue cannot give the batch its rows again: it ran without "
+                                             "them, every partition again, on what its other inputs still hold")
+
+
+def test_the_restarts_note_outlives_a_retry_of_the_batch():
+    whole = recovering({0}, partitions=2)
+    whole.recover_batch(5_000, ["queue"])
+    batch = whole.batch(5_000)
+    batch.took_on(Stats(), frozenset({0, 1}), None)  # the first attempt ran; a retry takes it on again
+    assert not batch.rerun_whole
+    assert batch.rerun_note is not None and batch.rerun_note.startswith("input(s) queue")

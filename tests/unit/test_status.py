@@ -59,7 +59,7 @@ def test_a_running_pipeline_shows_its_excluded_executors_and_the_batches_that_fa
         assert f"holder: {lease.holder} (pid {os.getpid()}" in text
         assert "excluded executor 7 on worker-2 since" in text
         assert "operator sessions: 1234 keys in state, about 99000 bytes" in text
-        assert "re-run after a restart" not in text  # the batch ran once
+        assert "run again by a restart" not in text  # the batch ran in one driver
         assert "backlog: 3 batches" in text
         assert "failed: output 'out': disk full" in text
         assert main(["status", str(tmp_path), "--json"]) == 0
@@ -176,8 +176,7 @@ def test_a_stop_outcome_is_typed_in_memory_and_text_in_its_file(tmp_path, capsys
 def test_a_batch_rerun_after_a_restart_says_what_it_read_again(tmp_path, capsys):
     storage = CheckpointStorage(str(tmp_path), warn=False)
     rerun = dataclasses.replace(record(NOW - 1000), state_operators=(StateOperatorProgress(
-        "sessions", 10, 0, 5, 5, 0, 0, 2, 1234, None, partitions_kept=6, rerun_input="all of it, for the 2 re-run"),))
+        "sessions", 10, 0, 5, 5, 0, 0, 2, 1234, None, partitions_kept=6, rerun_note="everything its inputs hold"),))
     write_records(storage, rerun)
     assert main(["status", str(tmp_path)]) == 0
-    assert ("re-run after a restart, 6 partitions kept; its input read again: all of it, for the 2 re-run"
-            in capsys.readouterr().out)
+    assert "run again by a restart, which read: everything its inputs hold" in capsys.readouterr().out
