@@ -109,7 +109,6 @@ def test_a_partition_that_reports_again_counts_once():
     assert (total.rows, total.keys_called, total.partitions) == (48, 12, 3)
 
 
-
 class _FinishRecords:
     """The job event store's finish records of one batch, as ``recover_batch`` reads them."""
 
