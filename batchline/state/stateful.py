@@ -754,7 +754,7 @@ class StatefulRuntime(StreamRuntime):
         if kept:
             batch.kept = frozenset(kept)
             batch.rerun_note = operator.rerun_note(batch.kept, [
-                p for p in range(partitions) if p not in batch.kept and p not in self._drained], unreplayable)
+                p for p in range(partitions) if p not in batch.kept and p not in self._drained], ())
             logger.info("Batch %s: keeping %d of %d finished partitions of operator %r; re-running %d",
                         format_batch_time(batch_time), len(kept), partitions, self.name, partitions - len(kept))
             logger.info("Batch %s: the rows of the kept partitions %s of operator %r are left out of its shuffle",
