@@ -275,5 +275,9 @@ class StreamingContext(InputMethods):
         Graceful: stop receiving, let every received record into a batch, finish generated
         batches (each wait bounded by the graceful-stop timeout). Immediate: stop the timer
         and cancel the Spark jobs of running batches.
+
+        When a stop is already under way (the one a failed batch or a signal started), this
+        waits for it to end: once it returns, nothing of this pipeline writes to the checkpoint
+        location any more.
         """
-        self._run.stop(graceful, stop_spark_session)
+        self._run.stop(graceful, stop_spark_session, wait=True)

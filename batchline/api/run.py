@@ -349,19 +349,23 @@ class PipelineRun:
         self.stop(graceful=False)
 
     # ---------------------------------------------------------------- stopping
-    def stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False) -> None:
+    def stop(self, graceful: bool, stop_spark_session: bool = False, final: bool = False, wait: bool = False) -> None:
         """Graceful: stop receiving, let every received record into a batch, finish generated
         batches (each wait bounded by the graceful-stop timeout). Immediate: stop the timer and
         cancel the Spark jobs of running batches. Final: every input finished; write the final
-        checkpoint once the last batches committed."""
+        checkpoint once the last batches committed. Wait: when a stop is under way on another
+        thread, return once it has ended (the user's stop; batchline's own threads return)."""
         with self._state_lock:
-            if self.state is ContextState.STOPPED:
-                return
+            under_way = self.state is ContextState.STOPPED
             if self.state is ContextState.INITIALIZED:
                 self.state = ContextState.STOPPED
                 self._terminated.set()
                 return
             self.state = ContextState.STOPPED
+        if under_way:
+            if wait:
+                self._wait_for_stop_under_way(stop_spark_session)
+            return
         logger.info("Stopping StreamingContext %s", "gracefully" if graceful else "immediately")
         if self._spark_watch is not None:
             self._spark_watch.close()
@@ -401,6 +405,16 @@ class PipelineRun:
                     self._terminated.set()
                 if stop_spark_session and self._gone is None:
                     self.spark.stop()
+
+    def _wait_for_stop_under_way(self, stop_spark_session: bool) -> None:
+        """The caller must not go on while this pipeline still writes to its checkpoint location
+        (its lease, its progress records). A listener that stops the pipeline does not wait: the
+        stop under way waits for the listeners."""
+        if self.listener_bus.on_listener_thread:
+            return
+        self._terminated.wait()
+        if stop_spark_session and self._gone is None:
+            self.spark.stop()  # the stop under way was not asked to
 
     def _restore_adaptive(self) -> None:
         """The session's own adaptive setting back, unless Spark is gone (there is no session to

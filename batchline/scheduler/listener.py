@@ -230,6 +230,12 @@ class ListenerBus:
                            ", ".join(repr(listener) for listener in behind), timeout_s)
         return not behind
 
+    @property
+    def on_listener_thread(self) -> bool:
+        """Whether the calling thread is a listener's (one that stops the pipeline, say)."""
+        with self._lock:
+            return any(d.is_current_thread for d in self._dispatchers)
+
     def close(self, timeout_s: float = 1.0) -> None:
         """End every listener's thread once it handled what it was given; no event is taken after."""
         deadline = time.monotonic() + timeout_s

@@ -5,14 +5,18 @@ import logging
 import threading
 import time
 
-from batchline import StreamingContext
+import pytest
+
+from batchline import BatchFailedError, StreamingContext
+from batchline.checkpoint.lease import LEASE_FILE, LeaseRecord
+from batchline.checkpoint.storage import unseal
 from batchline.clock import SystemClock
 from batchline.scheduler.batch_run import BatchRun
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import Job, JobKind, JobSet
 from batchline.scheduler.job_scheduler import JobScheduler, SchedulerSettings
 from batchline.scheduler.lifecycle import BatchLifecycle
-from batchline.scheduler.listener import ListenerBus
+from batchline.scheduler.listener import ListenerBus, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
 from batchline.testing import BatchRecorder
 from tests.helpers import LogWatcher, poll_until
@@ -124,3 +128,38 @@ def test_a_batch_after_one_that_failed_for_good_runs_none_of_its_jobs(spark):
     scheduler.shutdown(graceful=True)
     assert ran == []
     assert [(p.batch_time, p.status) for p in lifecycle.recent_progress] == [(1000, "failed"), (2000, "cancelled")]
+
+
+def test_a_stop_after_a_failed_batch_returns_once_the_stop_the_failure_began_has_ended(spark, tmp_path):
+    # A failed batch stops the pipeline on a thread of its own, and a short await_termination
+    # raises the error as soon as it is known. The user's stop then must not return while that
+    # stop still writes to the checkpoint location (here held up by a listener it waits for).
+    checkpoint = tmp_path / "checkpoint"
+    told_failed, let_go = threading.Event(), threading.Event()
+
+    class SlowToHearOfTheFailure(StreamingListener):
+        def on_progress(self, progress) -> None:
+            if progress.status == "failed":
+                told_failed.set()
+                let_go.wait(30)
+
+    def failing(df, batch_time):
+        raise ValueError("a bad row")
+
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(checkpoint), retry=RetryPolicy.never())
+    ssc.add_listener(SlowToHearOfTheFailure())
+    ssc.generator_stream(10, partitions=1, name="events").foreach_batch(failing, name="failing")
+    ssc.start()
+    assert told_failed.wait(60)
+    with pytest.raises(BatchFailedError, match="a bad row"):
+        for _ in range(3000):  # the error is known a moment after the listener hears of the batch
+            ssc.await_termination(0.02)
+    stopping = threading.Thread(target=ssc.stop)
+    stopping.start()
+    stopping.join(1.0)
+    assert stopping.is_alive(), "stop() returned while the stop under way was still running"
+    let_go.set()
+    stopping.join(30)
+    assert not stopping.is_alive()
+    lease = LeaseRecord.from_json(unseal((checkpoint / LEASE_FILE).read_bytes(), LEASE_FILE))
+    assert lease.released  # before stop() returned
