@@ -42,6 +42,7 @@ __all__ = [
     "MARKER_COLUMN",
     "OperatorSpec",
     "PartitionFacts",
+    "RECENT_VERSIONS",
     "StateFunctionError",
     "Stats",
     "batch_params_from_property",
@@ -52,6 +53,8 @@ logger = logging.getLogger(__name__)
 
 BATCH_PARAMS_PROPERTY = "batchline.state.batch"
 """The Spark local property that carries each operator's ``BatchParams`` to its tasks."""
+RECENT_VERSIONS = 8
+"""How many of its newest versions an operator names to its tasks (``BatchParams.recent_versions``)."""
 LATE_AT = "__batchline_late_at"
 """The column a stateful node's ``late_rows`` adds to its input rows: the epoch ms at or before
 which the watermark makes the row late."""
@@ -129,6 +132,11 @@ class BatchParams:
     left_out: tuple[int, ...] = ()
     """Partitions a restart kept: their rows were left out of the batch's shuffle, so their
     tasks have only the output they stored to give, and must never run the function instead."""
+    recent_versions: tuple[int, ...] = ()
+    """The operator's newest versions this driver committed (at most ``RECENT_VERSIONS``),
+    oldest first: a worker whose cached copy of a partition is at one of them reads the deltas
+    after it without listing the partition's files (on an object store, a request on the
+    task's path each time a partition lands on another worker)."""
 
     def version_of(self, partition: int) -> int | None:
         """The version ``partition`` builds on."""
@@ -139,7 +147,8 @@ class BatchParams:
                 "watermark_ms": self.watermark_ms, "keep_finished": self.keep_finished,
                 "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions),
                 "idle_partitions": list(self.idle_partitions), "skip": self.skip,
-                "behind": {str(p): v for p, v in sorted(self.behind.items())}, "left_out": list(self.left_out)}
+                "behind": {str(p): v for p, v in sorted(self.behind.items())}, "left_out": list(self.left_out),
+                "recent_versions": list(self.recent_versions)}
 
     @classmethod
     def from_json(cls, payload: Any) -> BatchParams:
@@ -173,16 +182,19 @@ class BatchParams:
         behind = payload.get("behind", {})
         skip = payload.get("skip", False)
         left_out = payload.get("left_out", [])
+        recent = payload.get("recent_versions", [])
         if (not isinstance(end, bool) or not isinstance(finished, list) or not isinstance(idle, list)
-                or not isinstance(behind, dict) or not isinstance(skip, bool) or not isinstance(left_out, list)):
+                or not isinstance(behind, dict) or not isinstance(skip, bool) or not isinstance(left_out, list)
+                or not isinstance(recent, list)):
             raise ConfigurationError(
                 f"batch parameters {payload!r} have a malformed 'end_of_input', 'finished_partitions', "
-                "'idle_partitions', 'skip', 'behind' or 'left_out'; the driver and the workers run different batchline "
-                "versions. Install the same version on both and restart"
+                "'idle_partitions', 'skip', 'behind', 'left_out' or 'recent_versions'; the driver and the workers run "
+                "different batchline versions. Install the same version on both and restart"
             )
         return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep, end,
                    tuple(int(p) for p in finished), tuple(int(p) for p in idle), skip,
-                   {int(p): None if v is None else int(v) for p, v in behind.items()}, tuple(int(p) for p in left_out))
+                   {int(p): None if v is None else int(v) for p, v in behind.items()}, tuple(int(p) for p in left_out),
+                   tuple(int(v) for v in recent))
 
 
 _ABSENT = object()

@@ -166,12 +166,9 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
                                     without_snapshots=without_snapshots)
     what = files.describe_partition(partition)
     if held is not None and steps and steps[0][1] == DELTA and held.version is not None:
-        apply_tables(held.entries, (files.read_version(generation, partition, v, kind).table for v, kind in steps),
-                     spec_state, single_key, what)
-        held.version = target
-        held.deltas_since_snapshot += len(steps)
-        held.initial_keys = frozenset()
-        return held
+        assert target is not None
+        return _with_deltas(held, (files.read_version(generation, partition, v, kind).table for v, kind in steps),
+                            len(steps), target, spec_state, single_key, what)
     if held is not None and not steps and held.version == target:
         return held
     entries = StateEntries(single_key)
@@ -214,6 +211,35 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
     deltas = sum(1 for _, kind in steps if kind == DELTA)
     initial_keys = frozenset(key for key, _ in entries.items()) if deltas == 0 and initial else frozenset()
     return PartitionData(target, entries, deltas, initial_keys)
+
+
+def _with_deltas(held: PartitionData, deltas: Iterable[pa.Table], count: int, target: int, spec_state: RowSchema,
+                 single_key: bool, what: str) -> PartitionData:
+    """``held`` with ``count`` deltas applied, now at version ``target``."""
+    apply_tables(held.entries, deltas, spec_state, single_key, what)
+    held.version = target
+    held.deltas_since_snapshot += count
+    held.initial_keys = frozenset()
+    return held
+
+
+def _caught_up_by_name(spec: OperatorSpec, params: BatchParams, partition: int,
+                       held: PartitionData) -> PartitionData | None:
+    """``held`` caught up with the deltas of the versions after it that the driver names
+    (``BatchParams.recent_versions``), read without listing the partition's files; None when
+    those do not reach back to it, or one is not there (the partition sat that batch out):
+    the caller lists them."""
+    target, named = params.version_of(partition), params.recent_versions
+    if not named or named[-1] != target or held.version not in named or partition in params.behind:
+        return None
+    later = [v for v in named if v > (held.version or 0)]
+    try:
+        # All read before any is applied: a missing one leaves ``held`` as it was.
+        deltas = [spec.store.read_version(spec.generation, partition, v, DELTA).table for v in later]
+    except (FileNotFoundError, StateVersionError):
+        return None
+    return _with_deltas(held, deltas, len(deltas), target, spec.state, spec.single_key,
+                        spec.store.describe_partition(partition))
 
 
 def _check_chain_start(files: StateStore, generation: int, partition: int, version: int, first: bool | None,
@@ -267,8 +293,9 @@ def _load_cached(spec: OperatorSpec, params: BatchParams, partition: int, cache:
                               below=params.batch_time, notes=notes)
         return _Cached(params.token, data)
     held = cached.data if cached is not None and (cached.data.version or 0) < version else None
-    data = load_partition(store, spec.state, spec.single_key, spec.generation, partition, version, held=held,
-                          notes=notes)
+    named = _caught_up_by_name(spec, params, partition, held) if held is not None else None
+    data = named if named is not None else load_partition(
+        store, spec.state, spec.single_key, spec.generation, partition, version, held=held, notes=notes)
     if cached is not None and data is cached.data:
         return cached
     return _Cached(params.token, data)

@@ -28,6 +28,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -46,7 +47,7 @@ from batchline.scheduler.job import Job, JobKind
 from batchline.scheduler.progress import StateOperatorProgress
 from batchline.spark import forget_accumulator
 from batchline.state import operator
-from batchline.state.contract import LATE_AT, BatchParams, OperatorSpec, PartitionFacts, Stats
+from batchline.state.contract import LATE_AT, RECENT_VERSIONS, BatchParams, OperatorSpec, PartitionFacts, Stats
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import AtEnd, GroupStateTimeout, last_due
 from batchline.state.in_output_job import InOutputJob
@@ -202,6 +203,8 @@ class StatefulRuntime(StreamRuntime):
         self._files: StateStore = FileStateStore(env.checkpoint.storage, node.name)
         self.metadata: StateMetadata | None = None
         self.prev_version: int | None = None
+        self._recent_versions: deque[int] = deque(maxlen=RECENT_VERSIONS)
+        """The versions this driver committed, newest last (``BatchParams.recent_versions``)."""
         self.max_event_time_ms: int | None = None
         self.input_max_event_time_ms: dict[int, int] = {}
         """Per input, for an operator that reads several (``StatefulNode.input_watermarks``)."""
@@ -410,6 +413,7 @@ class StatefulRuntime(StreamRuntime):
             elif p not in self._behind:
                 self._behind[p] = self.prev_version  # sat the batch out: still at its version
         self.prev_version = batch_time
+        self._recent_versions.append(batch_time)
         self._commits += 1
         if self._commits % operator.PURGE_EVERY == 0:
             threading.Thread(target=self._purge, name=f"batchline-state-purge-{self.name}", daemon=True).start()
@@ -612,7 +616,7 @@ class StatefulRuntime(StreamRuntime):
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
                              keep_finished=not batch.rerun_whole, end_of_input=fire,
                              finished_partitions=tuple(sorted(self._drained)), behind=dict(self._behind),
-                             left_out=tuple(sorted(batch.kept)))
+                             left_out=tuple(sorted(batch.kept)), recent_versions=tuple(self._recent_versions))
         if self.finished_before(batch_time):
             # Drained in an earlier batch, which ended after this one's job was built: publish
             # parameters under which every task does nothing, for outputs that still read it.

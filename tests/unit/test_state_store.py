@@ -388,6 +388,52 @@ def test_another_worker_catches_up_from_the_store_and_a_new_driver_reloads(store
     assert load(store, 4000) == {"a": (Count(3, 6), None), "b": (Count(2, 2), None)}
 
 
+class _Listings:
+    """Counts a store's listings of a partition's files (a request each on an object store)."""
+
+    def __init__(self, store, monkeypatch):
+        self.count = 0
+        listed = store.list_versions
+
+        def counted(generation, partition):
+            self.count += 1
+            return listed(generation, partition)
+        monkeypatch.setattr(store, "list_versions", counted)
+
+
+def test_a_worker_behind_catches_up_by_the_versions_the_driver_names_without_listing(store, monkeypatch):
+    spec = spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT)
+    first, second = Worker(spec), Worker(spec)
+    first.run(BatchParams(1000, None, 1, None), [("a", 1)])
+    listings = _Listings(store, monkeypatch)
+    second.run(BatchParams(2000, 1000, 1, None, recent_versions=(1000,)), [("a", 2)])  # held nothing: lists
+    assert listings.count == 1
+    second.run(BatchParams(3000, 2000, 1, None, recent_versions=(1000, 2000)), [("a", 3)])  # held 2000
+    assert listings.count == 1
+    out, _ = first.run(BatchParams(4000, 3000, 1, None, recent_versions=(1000, 2000, 3000)), [("a", 4)])
+    assert out == [("a", 4)] and listings.count == 1  # held 1000: read the deltas at 2000 and 3000 by name
+    # Versions the driver does not name reaching back to the held one (it started since): listed.
+    out, _ = second.run(BatchParams(5000, 4000, 1, None, recent_versions=(4000,)), [("a", 5)])
+    assert out == [("a", 5)] and listings.count == 2
+    assert load(store, 5000) == {"a": (Count(5, 15), None)}
+
+
+def test_a_named_version_a_partition_sat_out_sends_its_catch_up_to_the_listing(store, monkeypatch):
+    spec = spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT)
+    first, second = Worker(spec), Worker(spec)
+    first.run(BatchParams(1000, None, 1, None), [("a", 1)], partition=1)
+    first.run(BatchParams(1000, None, 1, None), [("b", 1)], partition=0)
+    # Batch 2000 ran partition 0 only; partition 1 sat it out and wrote no delta there.
+    second.run(BatchParams(2000, 1000, 1, None, recent_versions=(1000,)), [("b", 2)], partition=0)
+    second.run(BatchParams(3000, 2000, 1, None, recent_versions=(1000, 2000), behind={1: 1000}), [("a", 2)],
+               partition=1)
+    listings = _Listings(store, monkeypatch)
+    # Partition 1 ran 3000, so the driver no longer counts it behind; first holds it at 1000.
+    out, _ = first.run(BatchParams(4000, 3000, 1, None, recent_versions=(1000, 2000, 3000)), [("a", 3)],
+                       partition=1)
+    assert out == [("a", 3)] and listings.count == 1
+
+
 def test_snapshots_follow_ten_deltas_and_loads_start_from_them(store):
     worker = Worker(spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT))
     prev = None
@@ -493,6 +539,15 @@ def test_batch_params_carry_the_partitions_left_out_of_the_shuffle():
     params = BatchParams(batch_time=3000, prev_version=2000, token=7, watermark_ms=None, left_out=(1, 3))
     assert BatchParams.from_json(params.to_json()) == params
     assert BatchParams.from_json({k: v for k, v in params.to_json().items() if k != "left_out"}).left_out == ()
+
+
+def test_batch_params_carry_the_operator_s_recent_versions():
+    params = BatchParams(batch_time=3000, prev_version=2000, token=7, watermark_ms=None, recent_versions=(1000, 2000))
+    assert BatchParams.from_json(params.to_json()) == params
+    assert BatchParams.from_json({k: v for k, v in params.to_json().items() if k != "recent_versions"}
+                                 ).recent_versions == ()
+    with pytest.raises(ConfigurationError, match="'recent_versions'"):
+        BatchParams.from_json({**params.to_json(), "recent_versions": 3000})
 
 
 def test_a_partition_whose_background_snapshots_were_lost_writes_one_before_its_task_ends(monkeypatch):
