@@ -4,7 +4,8 @@ Both run in one process on one SparkSession. The engine side drives a real Strea
 on a manual clock as fast as batches complete (so no interval sleeping is measured): each
 sample is the wall time from the timer firing to the batch's completion event, which covers
 the event loop, input allocation, job generation, submission, the Spark job and the listener.
-The bare side builds the same DataFrame from ``spark.range`` and runs the same action.
+The bare side builds the same DataFrame from ``spark.range``, as the generator builds it
+(``index_range``: the same generated code batch after batch), and runs the same action.
 Rounds alternate between the two to cancel drift.
 
     python -m benchmarks.batch_overhead [--rounds 5] [--batches 40]
@@ -21,6 +22,7 @@ from pyspark.sql import functions as F
 
 from batchline import StreamingContext
 from batchline.clock import ManualClock
+from batchline.sources.generator import index_range
 from batchline.spark import local_spark_session
 from benchmarks.completions import Completions
 from benchmarks.machine import write_result
@@ -30,7 +32,7 @@ INTERVAL_MS = 1000
 
 def _bare_events(spark: SparkSession, start: int, end: int) -> DataFrame:
     index = F.col("id")
-    return spark.range(start, end).select(
+    return index_range(spark, start, end).select(
         F.pmod(F.xxhash64(F.lit(0), index), F.lit(1000)).cast("int").alias("id"),
         F.concat(F.lit("event-"), index.cast("string")).alias("data"),
         (F.pmod(F.xxhash64(F.lit(1), index), F.lit(1_000_000)) < F.lit(50_000)).alias("is_last"),

@@ -31,6 +31,7 @@ from pyspark.sql import functions as F
 
 from batchline import StreamingListener
 from batchline.scheduler.progress import BatchProgress
+from batchline.sources.generator import index_range
 from batchline.spark import local_spark_session
 from harness.cluster import DRIVER_CONF
 from harness.numbering import SEED, USERS, make_numbering, numbering_pipeline
@@ -43,7 +44,7 @@ RATE = 4000
 def events(spark: SparkSession, start: int, end: int) -> DataFrame:
     """The generator's rows for indexes ``start`` to ``end``, made the way it makes them."""
     index = F.col("id")
-    return spark.range(start, end, numPartitions=2).select(
+    return index_range(spark, start, end, 2).select(
         F.pmod(F.xxhash64(F.lit(SEED), index), F.lit(USERS)).cast("int").alias("id"),
         F.concat(F.lit("event-"), index.cast("string")).alias("data"),
         (F.pmod(F.xxhash64(F.lit(SEED + 1), index), F.lit(1_000_000)) < F.lit(50_000)).alias("is_last"),
