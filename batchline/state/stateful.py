@@ -472,8 +472,7 @@ class StatefulRuntime(StreamRuntime):
         and its only output reads them in one pass: one Python worker a task, where
         ``df.mapInArrow`` would hand the rows to the JVM and back to a second one."""
         batch = self.batch(batch_time)
-        with self._lock:
-            handed = self._generated.get(batch_time)
+        handed = self.generated(batch_time)
         if batch is None or batch.tasks is None or df is not handed:
             return df.mapInArrow(fn, schema)
         shuffled, task = batch.tasks

@@ -210,8 +210,17 @@ class StreamRuntime(ABC):
             return False
         return (batch_time - self.zero_time) % self.node.slide_ms == 0
 
+    def generated(self, batch_time: int) -> DataFrame | None:
+        """The DataFrame generated for ``batch_time``, if it was. Read without the lock: the
+        generator holds it while it builds the next batch's frames (tens of milliseconds of
+        calls to the JVM), and the running batch must not wait for that to find its own."""
+        return self._generated.get(batch_time)  # one dict lookup: atomic
+
     def get_or_compute(self, batch_time: int) -> DataFrame | None:
         """This node's DataFrame for ``batch_time``; None when the time is not on its slide."""
+        done = self.generated(batch_time)
+        if done is not None:
+            return done
         with self._lock:
             if batch_time in self._generated:
                 return self._generated[batch_time]
