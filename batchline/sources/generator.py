@@ -31,7 +31,7 @@ USER_EVENT_SCHEMA = StructType(
 
 
 STABLE_CODE_BELOW = 1_000_000
-"""How many indexes ``index_range`` adds to a range that starts at 0, rather than start a range there."""
+"""From this many indexes on, ``index_range`` is a plain range from ``start``."""
 
 
 def index_range(spark: SparkSession, start: int, end: int, partitions: int | None = None) -> DataFrame:
@@ -43,9 +43,11 @@ def index_range(spark: SparkSession, start: int, end: int, partitions: int | Non
     reference. From ``STABLE_CODE_BELOW`` indexes, adding in decimals (about 20 ns an index)
     costs more than the compile, and the range starts at ``start`` itself."""
     count = end - start
-    if count >= STABLE_CODE_BELOW:
-        return spark.range(start, end, numPartitions=partitions) if partitions else spark.range(start, end)
-    frame = spark.range(0, count, numPartitions=partitions) if partitions else spark.range(0, count)
+    plain = count >= STABLE_CODE_BELOW
+    first = start if plain else 0
+    frame = spark.range(first, first + count, numPartitions=partitions or None)
+    if plain:
+        return frame
     # coalesce: the sum's cast could be null to Spark (overflow), and the range's id is not.
     return frame.select(F.coalesce((F.col("id") + F.lit(Decimal(start))).cast("long"), F.lit(0)).alias("id"))
 

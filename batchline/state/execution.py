@@ -232,7 +232,7 @@ def _caught_up_by_name(spec: OperatorSpec, params: BatchParams, partition: int,
     target, named = params.version_of(partition), params.recent_versions
     if not named or named[-1] != target or held.version not in named or partition in params.behind:
         return None
-    later = [v for v in named if v > (held.version or 0)]
+    later = named[named.index(held.version) + 1:]
     try:
         # All read before any is applied: a missing one leaves ``held`` as it was.
         deltas = [spec.store.read_version(spec.generation, partition, v, DELTA).table for v in later]
