@@ -550,6 +550,38 @@ def test_batch_params_carry_the_operator_s_recent_versions():
         BatchParams.from_json({**params.to_json(), "recent_versions": 3000})
 
 
+def test_a_first_run_does_not_look_for_its_finish_record_and_the_flag_crosses_as_json(store, tmp_path):
+    """A first run of the batch calls the function without looking for a finish record (none
+    can be there); under ``first_run=False`` the recorded finish is kept."""
+    from batchline.checkpoint.events import JobEventStore
+    from batchline.checkpoint.lease import Lease
+    from batchline.checkpoint.storage import CheckpointStorage
+    from batchline.clock import ManualClock
+
+    location = CheckpointStorage(str(tmp_path / "checkpoint"))
+    token = Lease(location, ManualClock(0), 15_000).acquire()
+    journal = JobEventStore(location, 1000)
+    calls = []
+
+    def counted(key, rows, state):
+        calls.append(key)
+        yield from running_count(key, rows, state)
+
+    spec = dataclasses.replace(spec_for(store, counted, GroupStateTimeout.NO_TIMEOUT), journal=journal)
+    looked = []
+    finished = journal.finished
+    journal.finished = lambda *args: looked.append(args) or finished(*args)
+    Worker(spec).run(BatchParams(1000, None, token, None, first_run=True), [("a", 1)])
+    assert (calls, looked) == (["a"], [])
+    Worker(spec).run(BatchParams(1000, None, token, None), [("a", 1)])
+    assert calls == ["a"] and len(looked) == 1  # kept
+    params = BatchParams(batch_time=1000, prev_version=None, token=7, watermark_ms=None, first_run=True)
+    assert BatchParams.from_json(params.to_json()) == params
+    assert not BatchParams.from_json({k: v for k, v in params.to_json().items() if k != "first_run"}).first_run
+    with pytest.raises(ConfigurationError, match="'first_run'"):
+        BatchParams.from_json({**params.to_json(), "first_run": "yes"})
+
+
 def test_a_partition_whose_background_snapshots_were_lost_writes_one_before_its_task_ends(monkeypatch):
     """A process killed soon after each start (a driver restarted again and again) loses the
     snapshots written in the background; once twice SNAPSHOT_EVERY deltas pile up, the task
