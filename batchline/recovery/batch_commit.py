@@ -85,14 +85,18 @@ class BatchCommit:
             return []
         self._log_roots(batch_time)
         # Step 1
+        logged_here = False
         if batch_time in self._restored:
             self._restored.discard(batch_time)  # its logged inputs were given back by the restart
         else:
             self.pipeline.allocate_inputs(batch_time)
             if self._checkpoints is not None:
+                # Created exclusively, and written before any job of the batch runs: no driver
+                # ran this batch before.
                 self._checkpoints.log_batch(batch_time, self.pipeline.allocations(batch_time))
+                logged_here = True
         # Step 2 runs these on the job scheduler
-        return self.pipeline.generate_jobs(batch_time)
+        return self.pipeline.generate_jobs(batch_time, logged_here)
 
     def commit(self, batch_time: int) -> None:
         """Called by the batch's ``BatchRun``, on its thread, once every job of the batch succeeded."""

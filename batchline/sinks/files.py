@@ -179,7 +179,9 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
 
     # ---------------------------------------------------------------- the steps
     def is_committed(self, batch: BatchContext) -> bool:
-        """Step 1."""
+        """Step 1; a batch's first attempt has no record to look for."""
+        if batch.first_attempt:
+            return False
         time_ms = int(batch.batch_time)
         record = self._read_record(time_ms)
         if record is None:
@@ -205,8 +207,8 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         """Step 2, on an object store: look for what earlier attempts of the batch left while the
         tasks stage, in a thread (its answer does not change meanwhile: one driver writes an
         output). Without it the commit would look after them, one request after another."""
-        if self._storage.is_local:
-            return  # a look costs no round trip there
+        if self._storage.is_local or attempt.batch.first_attempt:
+            return  # a look costs no round trip there; a first attempt has nothing to look for
         if self._looking is None:
             self._looking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchline-file-sink-look")
         self._looks[attempt.id] = self._looking.submit(self._look_left, attempt.batch_time)
@@ -216,7 +218,9 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
 
     def _left(self, attempt: WriteAttempt) -> _Left | None:
         """What ``prepare``'s look found, or None (a local output, or the look failed: the
-        commit then looks itself)."""
+        commit then looks itself). A first attempt finds nothing left."""
+        if attempt.batch.first_attempt and not self._storage.is_local:
+            return _Left(batch_folder=False, staged=[])
         look = self._looks.pop(attempt.id, None)
         if look is None:
             return None

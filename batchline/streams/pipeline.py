@@ -203,14 +203,16 @@ class PipelineRuntime:
         return max((stream.remember_ms for stream in self.inputs), default=self.graph.batch_interval_ms)
 
     # ---------------------------------------------------------------- batches
-    def generate_jobs(self, batch_time: int) -> list[Job]:
+    def generate_jobs(self, batch_time: int, logged_here: bool = False) -> list[Job]:
         """Nodes' preparation jobs first, upstream before downstream (inputs read and count,
         stateful operators run their function once and cache the result), then one job per
-        output, then the jobs that complete work which ran inside an output's job."""
+        output, then the jobs that complete work which ran inside an output's job.
+        ``logged_here``: this driver logged the batch (no driver ran it before)."""
         logger.debug("Generating jobs for time %d ms", batch_time)
         jobs = [job for runtime in self.runtimes
                 if not runtime.finished_before(batch_time) and (job := runtime.prepare_job(batch_time)) is not None]
-        jobs += [job for op in self.graph.outputs if (job := op.job(self.runtime_of(op.node), batch_time)) is not None]
+        jobs += [job for op in self.graph.outputs
+                 if (job := op.job(self.runtime_of(op.node), batch_time, logged_here)) is not None]
         jobs += [job for runtime in self.runtimes
                  if not runtime.finished_before(batch_time) and (job := runtime.finish_job(batch_time)) is not None]
         logger.debug("Generated %d jobs for time %d ms", len(jobs), batch_time)

@@ -19,7 +19,7 @@ import pytest
 import s3fs
 from pyspark.sql import functions as F
 
-from batchline import ConfigurationError
+from batchline import BatchContext, BatchTime, ConfigurationError
 from batchline.checkpoint.storage import unseal
 from batchline.sinks import files as files_module
 from batchline.sinks.files import TEST_KILL_VARIABLE, FileSink
@@ -196,6 +196,29 @@ def test_writing_a_committed_batch_again_changes_nothing(spark, s3_endpoint):
     assert jobs == []
     assert out.record() == record
     assert {name: out.fs.info(f"{out.root}/batch_time={BATCH}/{name}")["ETag"] for name in out.batch_files()} == before
+    out.assert_complete_exactly_once()
+
+
+def test_a_first_attempt_looks_for_nothing_earlier_and_still_commits_a_batch_once(spark, s3_endpoint, monkeypatch):
+    """On a batch's first attempt the sink reads no commit record and lists nothing before it
+    commits; a first attempt that meets a committed batch anyway (another writer) completes
+    that commit and discards its own: every row once."""
+    out = Output.s3(s3_endpoint, "parquet")
+    sink = FileSink(out.url, storage_options=s3_endpoint)
+    first = BatchContext(BatchTime(BATCH), "out", "p", 1, first_attempt=True)
+
+    def looked(*args):
+        raise AssertionError("a first attempt looked for what an earlier one left")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(sink, "_read_record", looked)
+        patched.setattr(sink, "_look_left", looked)
+        patched.setattr(sink._storage, "has_folder", looked)
+        sink.write(batch_frame(spark), first)
+    out.assert_complete_exactly_once()
+    record = out.record()
+    sink.write(batch_frame(spark), first)  # as if another driver had committed it meanwhile
+    assert out.record() == record
     out.assert_complete_exactly_once()
 
 

@@ -129,3 +129,42 @@ def test_a_commit_that_fails_once_runs_the_batch_again_and_writes_it_once(spark,
     assert failed[0] == retried[0], "the failed batch's commit is taken again, after its tasks ran again"
     assert failed[1] != retried[1], "the retry staged anew"
     assert len(sink.commits) == 3
+
+
+class NotingAttempts(StagedFiles):
+    """Notes, for every call of ``write``, the batch and whether it was its first attempt."""
+
+    def __init__(self, directory, fail_commits=0):
+        super().__init__(directory, fail_commits)
+        self.calls = []
+
+    def write(self, df, batch):
+        self.calls.append((int(batch.batch_time), batch.first_attempt))
+        return super().write(df, batch)
+
+
+def test_only_a_batch_this_driver_logged_is_a_first_attempt_and_only_at_its_first_write(spark, tmp_path):
+    """A batch's first write is its first attempt; its retry is not, nor a restart's re-run of
+    a batch an earlier driver logged. Batches the restarted driver logs itself are again."""
+    checkpoint = tmp_path / "checkpoint"
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(checkpoint),
+                           retry=RetryPolicy(max_attempts=2, initial_backoff="10ms"))
+    failing = NotingAttempts(tmp_path / "out", fail_commits=1_000)
+    list_stream(ssc, [[("a", 1)], [("b", 2)], END], ROWS, bounded=True).write(failing, name="out")
+    with pytest.raises(Exception, match="the commit failed"):
+        ssc.run_until_finished(120)
+    ssc.stop()
+    for batch_time in {t for t, _ in failing.calls}:
+        assert [first for t, first in failing.calls if t == batch_time] in ([True], [True, False])
+    assert (failing.calls[0][0], False) in failing.calls  # the first batch was retried
+    logged = {int(name) for name in os.listdir(checkpoint / "events") if name.isdigit()}
+
+    ssc = StreamingContext(spark, "200ms", checkpoint=str(checkpoint))
+    sink = NotingAttempts(tmp_path / "out")
+    list_stream(ssc, [[("a", 1)], [("b", 2)], [("c", 3)], END], ROWS, bounded=True).write(sink, name="out")
+    assert ssc.run_until_finished(120)
+    assert committed(tmp_path / "out") == [("a", 1), ("b", 2), ("c", 3)]
+    rerun = [first for t, first in sink.calls if t in logged]
+    fresh = [first for t, first in sink.calls if t not in logged]
+    assert rerun and not any(rerun)  # re-runs of what the first driver logged
+    assert fresh and all(fresh)  # logged by this driver, each written once
