@@ -118,9 +118,9 @@ def test_the_file_output_looks_for_a_batch_s_commit_record_in_one_request(s3_end
     assert sent.take() == ["GetObject"]
 
 
-def staged_attempt(sink: FileSink, time_ms: int) -> tuple[WriteAttempt, list[dict]]:
+def staged_attempt(sink: FileSink, time_ms: int, first: bool = False) -> tuple[WriteAttempt, list[dict]]:
     """An attempt at batch ``time_ms`` whose two tasks staged their files, as they would."""
-    attempt = WriteAttempt(BatchContext(BatchTime(time_ms), "files", "requests", 1), "attempt-2")
+    attempt = WriteAttempt(BatchContext(BatchTime(time_ms), "files", "requests", 1, first_attempt=first), "attempt-2")
     rows = pa.record_batch({"n": [1, 2]})
     return attempt, [sink.write_partition(iter([rows]), attempt, partition) for partition in (0, 1)]
 
@@ -153,6 +153,21 @@ def test_the_file_output_s_commit_waits_for_no_listing_the_tasks_time_was_used_f
     assert sink._own.find_files("staging") == [], "the crashed attempt's file goes too"
     assert sink._storage.find_files("") == ["batch_time=1000/part-00000.json", "batch_time=1000/part-00001.json"]
     assert sink._looks == {}
+    sink.close()
+
+
+def test_a_batch_s_first_attempt_at_the_file_output_looks_for_nothing(s3_endpoint):
+    sink = FileSink("s3://batchline-sink/requests/first/out", "json", storage_options=s3_endpoint)
+    sink.compact_in_background()  # the run's first compaction, which the first commit would start
+    assert sink.wait_for_compaction(30)
+    attempt, messages = staged_attempt(sink, 1000, first=True)
+    sent = Requests(sink._own)
+    assert not sink.is_committed(attempt.batch)
+    sink.prepare(None, attempt)  # type: ignore[arg-type] (it needs no DataFrame)
+    assert sent.take() == []
+    sink.commit(messages, attempt)
+    assert sent.take() == ["PutObject", "CopyObject", "CopyObject", "DeleteObjects"]
+    assert sink._storage.find_files("") == ["batch_time=1000/part-00000.json", "batch_time=1000/part-00001.json"]
     sink.close()
 
 
