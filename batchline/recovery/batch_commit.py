@@ -91,10 +91,10 @@ class BatchCommit:
         else:
             self.pipeline.allocate_inputs(batch_time)
             if self._checkpoints is not None:
-                # Created exclusively, and written before any job of the batch runs: no driver
-                # ran this batch before.
                 self._checkpoints.log_batch(batch_time, self.pipeline.allocations(batch_time))
-                logged_here = True
+                # Written before any job of the batch runs: where it is created exclusively, no
+                # driver ran this batch before.
+                logged_here = self._checkpoints.storage.exclusive_creates
         # Step 2 runs these on the job scheduler
         return self.pipeline.generate_jobs(batch_time, logged_here)
 

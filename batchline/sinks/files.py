@@ -179,10 +179,15 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
 
     # ---------------------------------------------------------------- the steps
     def is_committed(self, batch: BatchContext) -> bool:
-        """Step 1; a batch's first attempt has no record to look for."""
-        if batch.first_attempt:
-            return False
+        """Step 1. A batch's first attempt reads no record (``_first_attempt``): the only one
+        there could be is one compacted away, of a batch time this output held before the
+        pipeline's checkpoint knew it (a checkpoint restored from a backup), which the
+        snapshot read once per run tells."""
         time_ms = int(batch.batch_time)
+        if self._first_attempt(batch):
+            through = self._read_compacted_through()
+            if through is None or time_ms > through:
+                return False
         record = self._read_record(time_ms)
         if record is None:
             return False
@@ -207,11 +212,17 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
         """Step 2, on an object store: look for what earlier attempts of the batch left while the
         tasks stage, in a thread (its answer does not change meanwhile: one driver writes an
         output). Without it the commit would look after them, one request after another."""
-        if self._storage.is_local or attempt.batch.first_attempt:
+        if self._storage.is_local or self._first_attempt(attempt.batch):
             return  # a look costs no round trip there; a first attempt has nothing to look for
         if self._looking is None:
             self._looking = ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchline-file-sink-look")
         self._looks[attempt.id] = self._looking.submit(self._look_left, attempt.batch_time)
+
+    def _first_attempt(self, batch: BatchContext) -> bool:
+        """Whether the batch is one no writer tried before (``BatchContext.first_attempt``), on
+        a store whose commit record is created exclusively: a batch another writer committed
+        anyway is then found at the commit, and completed instead of written twice."""
+        return batch.first_attempt and self._own.exclusive_creates
 
     def _look_left(self, time_ms: int) -> _Left:
         return _Left(self._storage.has_folder(_target(time_ms)), self._own.find_files(f"{STAGING_DIR}/{time_ms}"))
@@ -219,7 +230,7 @@ class FileSink(ExactlyOnceSink[dict[str, Any]]):
     def _left(self, attempt: WriteAttempt) -> _Left | None:
         """What ``prepare``'s look found, or None (a local output, or the look failed: the
         commit then looks itself). A first attempt finds nothing left."""
-        if attempt.batch.first_attempt and not self._storage.is_local:
+        if self._first_attempt(attempt.batch) and not self._storage.is_local:
             return _Left(batch_folder=False, staged=[])
         look = self._looks.pop(attempt.id, None)
         if look is None:

@@ -98,11 +98,11 @@ class BatchContext:
     closure) has none."""
     first_attempt: bool = False
     """No write of this batch to this output was tried before, by this driver or an earlier one:
-    the driver logged the batch itself (exclusively, at its checkpoint location) and this is
-    its first call of ``write``. A sink may then skip looking for what an earlier attempt
-    committed or left (a round trip each on an object store); its commit must still refuse to
-    commit a batch twice. False whenever the engine cannot be sure (a restart's re-run, a
-    retry, a call from ``foreach_batch`` code)."""
+    the driver logged the batch itself, at a checkpoint location that creates its log records
+    exclusively, and this is its first call of ``write``. A sink may then skip looking for what
+    an earlier attempt committed or left (a round trip each on an object store), as long as its
+    commit still refuses to commit a batch twice. False whenever the engine cannot be sure (a
+    restart's re-run, a retry, a call from ``foreach_batch`` code)."""
 
     def __getstate__(self) -> dict[str, Any]:
         return {**self.__dict__, "arrow_mapper": None}

@@ -137,11 +137,6 @@ class BatchParams:
     oldest first: a worker whose cached copy of a partition is at one of them reads the deltas
     after it without listing the partition's files (on an object store, a request on the
     task's path each time a partition lands on another worker)."""
-    first_run: bool = False
-    """No job of this batch ran this operator before: not a restart's re-run, not a retry, not
-    the batch's second job. A task's first attempt then finds no finish record of its
-    partition and does not look for one (on an object store, a round trip before its work);
-    any later attempt, and any task under ``first_run=False``, looks."""
 
     def version_of(self, partition: int) -> int | None:
         """The version ``partition`` builds on."""
@@ -153,7 +148,7 @@ class BatchParams:
                 "end_of_input": self.end_of_input, "finished_partitions": list(self.finished_partitions),
                 "idle_partitions": list(self.idle_partitions), "skip": self.skip,
                 "behind": {str(p): v for p, v in sorted(self.behind.items())}, "left_out": list(self.left_out),
-                "recent_versions": list(self.recent_versions), "first_run": self.first_run}
+                "recent_versions": list(self.recent_versions)}
 
     @classmethod
     def from_json(cls, payload: Any) -> BatchParams:
@@ -188,19 +183,18 @@ class BatchParams:
         skip = payload.get("skip", False)
         left_out = payload.get("left_out", [])
         recent = payload.get("recent_versions", [])
-        first_run = payload.get("first_run", False)
         if (not isinstance(end, bool) or not isinstance(finished, list) or not isinstance(idle, list)
                 or not isinstance(behind, dict) or not isinstance(skip, bool) or not isinstance(left_out, list)
-                or not isinstance(recent, list) or not isinstance(first_run, bool)):
+                or not isinstance(recent, list)):
             raise ConfigurationError(
                 f"batch parameters {payload!r} have a malformed 'end_of_input', 'finished_partitions', "
-                "'idle_partitions', 'skip', 'behind', 'left_out', 'recent_versions' or 'first_run'; the driver and "
-                "the workers run different batchline versions. Install the same version on both and restart"
+                "'idle_partitions', 'skip', 'behind', 'left_out' or 'recent_versions'; the driver and the workers run "
+                "different batchline versions. Install the same version on both and restart"
             )
         return cls(batch_time, integer("prev_version", True), token, integer("watermark_ms", True), keep, end,
                    tuple(int(p) for p in finished), tuple(int(p) for p in idle), skip,
                    {int(p): None if v is None else int(v) for p, v in behind.items()}, tuple(int(p) for p in left_out),
-                   tuple(int(v) for v in recent), first_run)
+                   tuple(int(v) for v in recent))
 
 
 _ABSENT = object()

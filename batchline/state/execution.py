@@ -24,7 +24,7 @@ import threading
 import traceback
 from collections.abc import Callable, Container, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -146,11 +146,6 @@ def spark_task(spec: OperatorSpec, batch_time: int,
                 f"evaluates the DataFrame of batch {batch_time}; read a stateful operator's output only from "
                 "the output operations of its own batch"
             )
-        if params.first_run and context.attemptNumber():
-            # An earlier attempt may have recorded the finish. (A stage's new attempt after a lost
-            # shuffle numbers its tasks from 0 again, but their partitions' tasks before it failed
-            # reading their input, which comes before any write.)
-            params = replace(params, first_run=False)
         # The partition comes from the input's marker row: Spark's task number is another
         # partition's when an output coalesces or unions the operator's DataFrame.
         return run_partition(spec, params, batches, None, report)
@@ -565,9 +560,8 @@ def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, no
     """A partition that recorded its finish of this batch (before a driver crash, or in an
     earlier attempt of this task) keeps it: its output is read back, its delta is written.
     One whose output cannot be read back runs again, if its rows came to it: a partition the
-    restart kept (its rows left out of the shuffle) fails instead of losing them. A first run
-    of the batch (``BatchParams.first_run``) has none to look for."""
-    if spec.journal is None or not params.keep_finished or params.first_run:
+    restart kept (its rows left out of the shuffle) fails instead of losing them."""
+    if spec.journal is None or not params.keep_finished:
         return None
     record = spec.journal.finished(params.batch_time, spec.operator, spec.generation, partition)
     if record is None:

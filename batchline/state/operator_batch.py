@@ -47,9 +47,6 @@ class OperatorBatch:
     record (every attempt's: a retry does not undo the restart's decision)."""
     awaiting_commit: bool = False
     """Its job was generated and it has not committed yet."""
-    ran_before: bool = False
-    """A job of it may have run the operator's tasks before (in an earlier process, an earlier
-    attempt, or an earlier job of this attempt): its tasks look for their partition's finish record."""
     skipped: bool = False
     """No row came and no timer was due: no job ran, no version was written (SPEC E6)."""
     stats: Accumulator[ReportedStats] | None = None

@@ -611,16 +611,11 @@ class StatefulRuntime(StreamRuntime):
         ending = self.parents[0].finished_before(batch_time)
         fire = ending and self.node.times_out_at_end
         watermark = END_OF_TIME_MS if fire and self.node.event_time is not None else self.watermark_ms(batch_time)
-        # Only the one job of a sink that evaluates once runs the tasks as a first run: any other
-        # output may evaluate the rows again, and a second evaluation reads back what the first recorded.
-        first_run = not batch.ran_before and self._in_output_job is not None and not self._cache_rows
-        batch.ran_before = True
         params = BatchParams(batch_time=batch_time, prev_version=self.prev_version,
                              token=self._checkpoint.lease.token or 0, watermark_ms=watermark,
                              keep_finished=not batch.rerun_whole, end_of_input=fire,
                              finished_partitions=tuple(sorted(self._drained)), behind=dict(self._behind),
-                             left_out=tuple(sorted(batch.kept)), recent_versions=tuple(self._recent_versions),
-                             first_run=first_run)
+                             left_out=tuple(sorted(batch.kept)), recent_versions=tuple(self._recent_versions))
         if self.finished_before(batch_time):
             # Drained in an earlier batch, which ended after this one's job was built: publish
             # parameters under which every task does nothing, for outputs that still read it.
@@ -658,8 +653,7 @@ class StatefulRuntime(StreamRuntime):
             # The operator's own job; or, after its output's job, the partitions that job did not
             # evaluate (it had committed the batch before a crash and wrote nothing, or read only
             # some rows): the DataFrame is persisted, so what it evaluated does not run again.
-            run_batch_job(self.env.spark.sparkContext, self.name, dataclasses.replace(started.params, first_run=False),
-                          df)
+            run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
             stats = self.reported(batch_time, started.params)
         running, ending, watermark = started.running, started.ending, started.watermark_ms
         for note in dict.fromkeys(stats.warnings):  # a partition evaluated by two jobs says it twice
@@ -750,7 +744,6 @@ class StatefulRuntime(StreamRuntime):
         """Say which partitions keep the work they recorded as finished before the crash; when
         an input cannot replay (``unreplayable``) none does, and their records are deleted."""
         batch = self._part_of(batch_time)
-        batch.ran_before = True
         batch.rerun_note = operator.rerun_note(frozenset(), (), unreplayable)
         if self.metadata is None:
             return

@@ -20,7 +20,7 @@ import s3fs
 from pyspark.sql import functions as F
 
 from batchline import BatchContext, BatchTime, ConfigurationError
-from batchline.checkpoint.storage import unseal
+from batchline.checkpoint.storage import seal, unseal
 from batchline.sinks import files as files_module
 from batchline.sinks.files import TEST_KILL_VARIABLE, FileSink
 from tests.drivers.s3_sink_driver import ROWS, batch_frame
@@ -215,11 +215,25 @@ def test_a_first_attempt_looks_for_nothing_earlier_and_still_commits_a_batch_onc
         patched.setattr(sink, "_look_left", looked)
         patched.setattr(sink._storage, "has_folder", looked)
         sink.write(batch_frame(spark), first)
+    assert sink._looks == {}
     out.assert_complete_exactly_once()
     record = out.record()
     sink.write(batch_frame(spark), first)  # as if another driver had committed it meanwhile
     assert out.record() == record
     out.assert_complete_exactly_once()
+
+
+def test_a_first_attempt_at_a_batch_the_output_compacted_writes_nothing(spark, s3_endpoint):
+    """A batch time the output committed before and compacted into its snapshot (a checkpoint
+    restored from a backup logs it afresh) is found committed on a first attempt too."""
+    out = Output.s3(s3_endpoint, "json")
+    FileSink(out.url, "json", storage_options=s3_endpoint)._own.write_new(
+        files_module.COMPACTED_RECORD, seal({"through_ms": BATCH}))
+    sink = FileSink(out.url, "json", storage_options=s3_endpoint)
+    with spark_jobs(spark) as jobs:
+        sink.write(spark.range(0, 1).select(F.raise_error("must not be computed").alias("id")),
+                   BatchContext(BatchTime(BATCH), "out", "p", 1, first_attempt=True))
+    assert jobs == [] and out.batch_files() == [] and out.record() is None
 
 
 def test_unsupported_options_are_refused():

@@ -160,14 +160,17 @@ def test_a_batch_s_first_attempt_at_the_file_output_looks_for_nothing(s3_endpoin
     sink = FileSink("s3://batchline-sink/requests/first/out", "json", storage_options=s3_endpoint)
     sink.compact_in_background()  # the run's first compaction, which the first commit would start
     assert sink.wait_for_compaction(30)
-    attempt, messages = staged_attempt(sink, 1000, first=True)
     sent = Requests(sink._own)
-    assert not sink.is_committed(attempt.batch)
-    sink.prepare(None, attempt)  # type: ignore[arg-type] (it needs no DataFrame)
-    assert sent.take() == []
-    sink.commit(messages, attempt)
-    assert sent.take() == ["PutObject", "CopyObject", "CopyObject", "DeleteObjects"]
-    assert sink._storage.find_files("") == ["batch_time=1000/part-00000.json", "batch_time=1000/part-00001.json"]
+    for time_ms, once_a_run in ((1000, ["GetObject"]), (2000, [])):
+        attempt, messages = staged_attempt(sink, time_ms, first=True)
+        sent.take()
+        assert not sink.is_committed(attempt.batch)
+        assert sent.take() == once_a_run  # the snapshot of compacted records, read once a run
+        sink.prepare(None, attempt)  # type: ignore[arg-type] (it needs no DataFrame)
+        assert sink._looks == {} and sent.take() == []
+        sink.commit(messages, attempt)
+        assert sent.take() == ["PutObject", "CopyObject", "CopyObject", "DeleteObjects"]
+    assert sink._storage.find_files("") == [f"batch_time={t}/part-0000{p}.json" for t in (1000, 2000) for p in (0, 1)]
     sink.close()
 
 

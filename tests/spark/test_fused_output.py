@@ -16,7 +16,6 @@ from batchline.scheduler.listener import BatchInfo, StreamingListener
 from batchline.scheduler.retry import RetryPolicy
 from batchline.sinks.files import FileSink
 from batchline.state import read_state
-from batchline.state.contract import BATCH_PARAMS_PROPERTY, batch_params_from_property
 from batchline.testing import BatchRecorder, CollectSink, list_stream
 
 START, INTERVAL, PARTITIONS = 100_000, 1000, 3
@@ -274,39 +273,32 @@ def test_a_function_that_may_read_twice_gets_the_cached_rows(spark, tmp_path):
 
 
 class _FailsOnceAfterTheState(ExactlyOnceSink):
-    """A sink that evaluates once: each task notes the batch parameters its job published, and
-    partition 0's write of the first batch fails once, after the state function ran in its task."""
+    """A sink that evaluates once, whose partition 0 write of the first batch fails once,
+    after the state function ran in its task."""
 
     def __init__(self, directory) -> None:
         self.directory = str(directory)
 
-    def write_partition(self, rows, attempt, partition):
-        from pyspark import TaskContext
+    def is_committed(self, batch):
+        return os.path.exists(os.path.join(self.directory, f"committed-{batch.batch_time}"))
 
-        params = batch_params_from_property(TaskContext.get().getLocalProperty(BATCH_PARAMS_PROPERTY), "counts")
+    def write_partition(self, rows, attempt, partition):
         values = [row for batch in rows for row in batch.to_pylist()]
-        with open(os.path.join(self.directory, f"params-{attempt.id}-{partition}"), "w") as noted:
-            noted.write(f"{params.batch_time} {params.first_run}")
         marker = os.path.join(self.directory, "failed-once")
         if partition == 0 and not os.path.exists(marker):
             open(marker, "w").close()
             raise RuntimeError("injected: the write fails after the partition's state function ran")
         return {"rows": values}
 
-    def is_committed(self, batch):
-        return os.path.exists(os.path.join(self.directory, f"committed-{batch.batch_time}"))
-
     def commit(self, messages, attempt):
         with open(os.path.join(self.directory, f"committed-{attempt.batch_time}"), "w") as out:
             out.write(repr(sorted((r["key"], r["count"]) for m in messages for r in m["rows"])))
 
 
-def test_only_a_batch_s_first_run_skips_looking_for_finish_records_and_a_retry_keeps_what_it_finished(
-        spark, tmp_path):
-    """The one job of a sink that evaluates once runs the batch's tasks as a first run: they do
-    not look for finish records, which no earlier run can have left. The batch's retry is no
-    first run: its tasks find what the failed attempt's partitions finished and keep it, so
-    each key's function runs once a batch."""
+def test_a_retried_write_of_a_sink_that_evaluates_once_keeps_what_the_failed_attempt_finished(spark, tmp_path):
+    """The operator runs inside the write's tasks (its rows are not cached). The write fails
+    in one partition after every partition's function ran: the retry's tasks find what the
+    failed attempt's partitions finished and keep it, so each key's function runs once a batch."""
     (tmp_path / "sink").mkdir()
     calls = tmp_path / "calls"
     calls.mkdir()
@@ -320,12 +312,6 @@ def test_only_a_batch_s_first_run_skips_looking_for_finish_records_and_a_retry_k
         tmp_path / "sink"), name="out"), fn=counted, retry=RetryPolicy(max_attempts=3, initial_backoff="10ms"))
     first, second = (recorder.wait_for_batch(START + i * INTERVAL) for i in (1, 2))
     assert (first.failure, first.attempts, second.failure, second.attempts) == (None, 2, None, 1)
-    noted = [(f.name.split("-")[1], f.read_text().split()) for f in (tmp_path / "sink").glob("params-*")]
-    by_attempt: dict[str, set[tuple[int, str]]] = {}
-    for attempt, (batch_time, first_run) in noted:
-        by_attempt.setdefault(attempt, set()).add((int(batch_time), first_run))
-    assert sorted(sorted(tasks) for tasks in by_attempt.values()) == [
-        [(first.batch_time, "False")], [(first.batch_time, "True")], [(second.batch_time, "True")]]
     called = [line for f in calls.iterdir() for line in f.read_text().split()]
     assert len(called) == len(EXPECTED) + 5  # the first batch's 7 keys and the second's 5, each once
     assert (tmp_path / "sink" / f"committed-{first.batch_time}").read_text() == repr(

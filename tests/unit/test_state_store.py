@@ -486,11 +486,11 @@ def test_event_time_rows_behind_the_watermark_are_dropped_and_counted_under_even
     assert (reported[0].late_rows, reported[0].max_event_time_ms) == (int(dropped), 9_000)
 
 
-def journaled(store, tmp_path):
-    """A counting operator whose tasks record their finish in a job event store, under a lease
-    held at ``tmp_path``: its spec, the store, the lease's token, and the keys it was called for."""
+def test_a_finished_partition_is_kept_its_output_read_back_and_a_fenced_driver_records_nothing(store, tmp_path):
+    """SPEC F2 on every store: a task records its finish after its delta and output are stored;
+    running the batch again (a restarted driver, a retried task) calls no function."""
     from batchline.checkpoint.events import JobEventStore
-    from batchline.checkpoint.lease import Lease
+    from batchline.checkpoint.lease import FencedError, Lease
     from batchline.checkpoint.storage import CheckpointStorage
     from batchline.clock import ManualClock
 
@@ -503,16 +503,7 @@ def journaled(store, tmp_path):
         calls.append(key)
         yield from running_count(key, rows, state)
 
-    return dataclasses.replace(spec_for(store, counted, GroupStateTimeout.NO_TIMEOUT), journal=journal), journal, \
-        token, calls
-
-
-def test_a_finished_partition_is_kept_its_output_read_back_and_a_fenced_driver_records_nothing(store, tmp_path):
-    """SPEC F2 on every store: a task records its finish after its delta and output are stored;
-    running the batch again (a restarted driver, a retried task) calls no function."""
-    from batchline.checkpoint.lease import FencedError
-
-    spec, journal, token, calls = journaled(store, tmp_path)
+    spec = dataclasses.replace(spec_for(store, counted, GroupStateTimeout.NO_TIMEOUT), journal=journal)
     first_out, first_stats = Worker(spec).run(BatchParams(1000, None, token, None), [("a", 1), ("b", 2)], 3)
     record = journal.finished(1000, spec.operator, 0, 3)
     assert record is not None and record.output_rows == 2 and record.token == token
@@ -557,24 +548,6 @@ def test_batch_params_carry_the_operator_s_recent_versions():
                                  ).recent_versions == ()
     with pytest.raises(ConfigurationError, match="'recent_versions'"):
         BatchParams.from_json({**params.to_json(), "recent_versions": 3000})
-
-
-def test_a_first_run_does_not_look_for_its_finish_record_and_the_flag_crosses_as_json(store, tmp_path):
-    """A first run of the batch calls the function without looking for a finish record (none
-    can be there); under ``first_run=False`` the recorded finish is kept."""
-    spec, journal, token, calls = journaled(store, tmp_path)
-    looked = []
-    finished = journal.finished
-    journal.finished = lambda *args: looked.append(args) or finished(*args)
-    Worker(spec).run(BatchParams(1000, None, token, None, first_run=True), [("a", 1)])
-    assert (calls, looked) == (["a"], [])
-    Worker(spec).run(BatchParams(1000, None, token, None), [("a", 1)])
-    assert calls == ["a"] and len(looked) == 1  # kept
-    params = BatchParams(batch_time=1000, prev_version=None, token=7, watermark_ms=None, first_run=True)
-    assert BatchParams.from_json(params.to_json()) == params
-    assert not BatchParams.from_json({k: v for k, v in params.to_json().items() if k != "first_run"}).first_run
-    with pytest.raises(ConfigurationError, match="'first_run'"):
-        BatchParams.from_json({**params.to_json(), "first_run": "yes"})
 
 
 def test_a_partition_whose_background_snapshots_were_lost_writes_one_before_its_task_ends(monkeypatch):
