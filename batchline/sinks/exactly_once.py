@@ -21,7 +21,8 @@ The engine side is written once, here (``write``):
 
 Step 1: ``is_committed(batch)`` on the driver. True: the batch was committed before (a batch
         runs again after a crash, with the same rows); it is skipped and nothing is computed.
-        On ``batch.first_attempt`` no commit can be there yet: a sink may answer False at once.
+        On ``batch.first_attempt`` no writer tried the batch before: a sink whose commit
+        refuses to commit a batch twice may answer False without looking.
 Step 2: ``prepare(df, attempt)`` on the driver (optional): what every task of this attempt
         needs (a staging table), handed to them as ``attempt.prepared``.
 Step 3: the tasks run ``write_partition`` over their partitions' rows, through

@@ -51,7 +51,8 @@ class OutputOperation:
         """The batch's job; none once the stream has finished (SPEC G1: finished streams run
         no work). Whether it has is checked again when the job runs: an operator learns that
         it drained only when the batch before has run. ``logged_here``: this driver logged the
-        batch, so no driver wrote it before the job's first run (``BatchContext.first_attempt``)."""
+        batch, exclusively, so no driver wrote it before the job's first run
+        (``BatchContext.first_attempt``)."""
         if runtime.finished_before(batch_time) or not runtime.has_rows(batch_time):
             return None  # known idle when generated: no DataFrame is even built (SPEC E6)
         df = runtime.get_or_compute(batch_time)
@@ -59,21 +60,22 @@ class OutputOperation:
             return None
         sink, pipeline, stamp = self.sink, pipeline_identity(runtime), BatchTime(batch_time)
         checkpoint = runtime.env.checkpoint
-        runs = [0]
+        runs = 0
 
         def run() -> PendingCommit | None:
+            nonlocal runs
             # Asked as the job runs, after the batch's stateful operators: a batch known to hold
             # no rows (no input, no timer due) costs no Spark job and no call of the sink.
             if runtime.finished_before(batch_time) or not runtime.has_rows(batch_time):
                 return None
             # The token as the job runs: the one this driver's commit marker will carry.
             token = checkpoint.lease.token if checkpoint is not None else None
-            runs[0] += 1
+            runs += 1
             try:
                 left = sink.write(df, BatchContext(stamp, self.name, pipeline,
                                                    NO_FENCING_TOKEN if token is None else token,
                                                    functools.partial(runtime.map_in_arrow, batch_time),
-                                                   first_attempt=logged_here and runs[0] == 1))
+                                                   first_attempt=logged_here and runs == 1))
             except Exception as error:
                 explained = runtime.explain_failure(batch_time, error)  # e.g. a state function that raised
                 if explained is None:
