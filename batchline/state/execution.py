@@ -23,9 +23,10 @@ import logging
 import threading
 import traceback
 from collections.abc import Callable, Container, Iterable, Iterator
+from concurrent import futures
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -76,13 +77,15 @@ from batchline.state.store import (
 )
 from batchline.streams.event_time import epoch_ms
 
-__all__ = ["PartitionCache", "StateFunctionError", "Stats", "load_partition", "run_partition", "spark_task"]
+__all__ = ["PartitionCache", "PartitionEnd", "StateFunctionError", "StateTask", "Stats", "load_partition",
+           "run_partition", "spark_task"]
 
 logger = logging.getLogger(__name__)
 
 SNAPSHOT_EVERY = 10
 """Deltas after which a worker writes a snapshot of a committed version in the background."""
 MAX_CACHED_PARTITIONS = 512
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -113,6 +116,10 @@ class PartitionCache:
         with self._lock:
             return self._entries.pop(key, None)
 
+    def holds(self, key: _CacheKey) -> bool:
+        with self._lock:
+            return key in self._entries
+
     def put(self, key: _CacheKey, cached: _Cached) -> None:
         with self._lock:
             self._entries[key] = cached
@@ -128,13 +135,21 @@ WORKER_CACHE = PartitionCache()
 """The Python worker's cache, shared by every task the worker runs."""
 
 
-def spark_task(spec: OperatorSpec, batch_time: int,
-               report: Callable[[Stats], None]) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
-    """The ``mapInArrow`` function of the operator's DataFrame for ``batch_time``: reads its
+class StateTask:
+    """The ``mapInArrow`` function of the operator's DataFrame for one batch: reads its
     ``BatchParams`` from the job's local property and runs its partition. ``report`` is
-    called once with the task's ``Stats`` (a Spark accumulator's ``add``)."""
+    called once with the task's ``Stats`` (a Spark accumulator's ``add``). Called as a
+    function, it ends once its partition's finish record is durable; ``run`` with a list of
+    ``PartitionEnd`` leaves that to a caller that has more to do in the same task first."""
 
-    def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    def __init__(self, spec: OperatorSpec, batch_time: int, report: Callable[[Stats], None]) -> None:
+        self.spec, self.batch_time, self.report = spec, batch_time, report
+
+    def __call__(self, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        return self.run(batches, None)
+
+    def run(self, batches: Iterator[pa.RecordBatch], endings: list[PartitionEnd] | None) -> Iterator[pa.RecordBatch]:
+        spec, batch_time = self.spec, self.batch_time
         context = TaskContext.get()
         if context is None:
             raise ConfigurationError("a stateful operator's task runs inside Spark; to run a state function "
@@ -148,9 +163,31 @@ def spark_task(spec: OperatorSpec, batch_time: int,
             )
         # The partition comes from the input's marker row: Spark's task number is another
         # partition's when an output coalesces or unions the operator's DataFrame.
-        return run_partition(spec, params, batches, None, report)
+        return run_partition(spec, params, batches, None, self.report, endings=endings)
 
-    return task
+
+def spark_task(spec: OperatorSpec, batch_time: int, report: Callable[[Stats], None]) -> StateTask:
+    """The operator's ``StateTask`` for ``batch_time``."""
+    return StateTask(spec, batch_time, report)
+
+
+class PartitionEnd:
+    """What is left of a partition's batch once its output rows are out: its finish record,
+    being written, then the partition back in the worker's cache and its statistics reported.
+    The task completes it before it ends; a task that fails settles it first, so that none of
+    its writes lands after it ended."""
+
+    def __init__(self, recorded: Future[Any] | None, then: Callable[[], None]) -> None:
+        self._recorded, self._then = recorded, then
+
+    def complete(self) -> None:
+        if self._recorded is not None:
+            self._recorded.result()
+        self._then()
+
+    def settle(self) -> None:
+        if self._recorded is not None:
+            futures.wait([self._recorded])
 
 
 def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
@@ -460,23 +497,30 @@ _NO_KEY = object()
 
 def run_partition(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int | None,
                   report: Callable[[Stats], None], *, cache: PartitionCache | None = None,
-                  background_snapshots: bool = True) -> Iterator[pa.RecordBatch]:
+                  background_snapshots: bool = True, endings: list[PartitionEnd] | None = None
+                  ) -> Iterator[pa.RecordBatch]:
     """Run one batch of one state partition: call the function, write the batch's delta, and
     yield the output rows. ``report`` receives the task's ``Stats`` once the batch succeeded.
     The partition stays resident in ``cache`` (the worker's, by default) for the next batch.
     The partition is the one the input's marker row names (``MARKER_COLUMN``); ``partition``
     is for input without markers (the state-function tester), and None requires a marker.
-    Failures of the state function raise ``StateFunctionError``, carried to the driver in Spark's error."""
+    Failures of the state function raise ``StateFunctionError``, carried to the driver in Spark's error.
+    With ``endings``, the rows come while the partition's finish record is still being
+    written: the partition's ``PartitionEnd`` is appended there, for the caller to complete."""
     with paused_collector():  # state tuples form no cycles: see batchline.state.collector
-        output = _run_marked(spec, params, batches, partition, report, cache, background_snapshots)
+        output, end = _run_marked(spec, params, batches, partition, report, cache, background_snapshots)
+        if endings is None:
+            end.complete()
+        else:
+            endings.append(end)
     if output is not None:
         yield from output.to_batches()
 
 
 def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.RecordBatch], partition: int | None,
                 report: Callable[[Stats], None], cache: PartitionCache | None,
-                background_snapshots: bool) -> pa.Table | None:
-    """``run_partition``'s work: its output, or None when it has none."""
+                background_snapshots: bool) -> tuple[pa.Table | None, PartitionEnd]:
+    """``run_partition``'s work: its output (None when it has none) and what is left of it."""
     stats = Stats()
     rows, marked = _input_rows(spec, params, batches, stats)
     if marked is None and partition is None:
@@ -494,28 +538,60 @@ def _run_marked(spec: OperatorSpec, params: BatchParams, batches: Iterable[pa.Re
                 f"partition {partition} of operator {spec.operator!r} was to sit batch {params.batch_time} out "
                 f"(its input was known to be empty) but {stats.rows} rows came; this is a bug in batchline: report "
                 "it with the pipeline's description. Restart the pipeline: the batch runs again")
-        report(Stats() if params.skip else Stats(partitions=1 << partition))
-        return None
-    notes: list[str] = []
-    kept = _finished_output(spec, params, partition, notes)
-    if kept is not None:
-        record, table = kept
-        report(Stats.from_json(record.stats))
-        return table
+        sat_out = Stats() if params.skip else Stats(partitions=1 << partition)
+        return None, PartitionEnd(None, lambda: report(sat_out))
     cache = WORKER_CACHE if cache is None else cache
-    cached = _cached_partition(spec, params, partition, cache, notes)
+    looked, cached, notes = _looked_up_and_cached(spec, params, partition, cache)
+    if looked is not None:
+        record, table = looked
+        if cached is not None:  # caught up beside the lookup: at the committed version, still good
+            cache.put(_cache_key(spec, partition), cached)
+        return table, PartitionEnd(None, lambda: report(Stats.from_json(record.stats)))
+    assert cached is not None
     stats.warnings = tuple(notes)
-    result = _run_loaded(spec, params, rows, stats, partition, cached, report, background_snapshots)
-    # Only a batch that succeeded puts its partition back: no half-applied batch survives.
-    cache.put(_cache_key(spec, partition), cached)
-    return result if result.num_rows else None
+    result, recorded = _run_loaded(spec, params, rows, stats, partition, cached, background_snapshots)
+
+    def then() -> None:
+        report(stats)
+        # Only a batch that succeeded puts its partition back: no half-applied batch survives.
+        cache.put(_cache_key(spec, partition), cached)
+
+    return (result if result.num_rows else None), PartitionEnd(recorded, then)
+
+
+def _looked_up_and_cached(spec: OperatorSpec, params: BatchParams, partition: int, cache: PartitionCache
+                          ) -> tuple[tuple[PartitionFinished, pa.Table] | None, _Cached | None, list[str]]:
+    """The partition's kept output when it recorded its finish of the batch before, else its
+    state at the version the batch builds on; and the notes of both. A partition the worker
+    holds is caught up while its finish record is looked for (on an object store, both are
+    round trips); one it does not hold is loaded only when the lookup found nothing, as a
+    restart's kept partitions need no state."""
+    lookup_notes: list[str] = []
+    cache_notes: list[str] = []
+    if spec.journal is None or not params.keep_finished:
+        return None, _cached_partition(spec, params, partition, cache, cache_notes), cache_notes
+    if not cache.holds(_cache_key(spec, partition)):
+        looked = _finished_output(spec, params, partition, lookup_notes)
+        if looked is not None:
+            return looked, None, lookup_notes
+        return None, _cached_partition(spec, params, partition, cache, cache_notes), lookup_notes + cache_notes
+    lookup = _beside(lambda: _finished_output(spec, params, partition, lookup_notes))
+    cached: _Cached | None = None
+    try:
+        cached = _cached_partition(spec, params, partition, cache, cache_notes)
+    except Exception:
+        looked = lookup.result()
+        if looked is not None:  # kept: the state it could not catch up with is not needed
+            return looked, None, lookup_notes
+        raise
+    looked = lookup.result()
+    return looked, cached, lookup_notes + cache_notes
 
 
 def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBatch], stats: Stats,
-                partition: int, cached: _Cached, report: Callable[[Stats], None],
-                background_snapshots: bool) -> pa.Table:
-    """The batch over a loaded partition: call, write the delta, apply it, record the finish;
-    returns the output rows."""
+                partition: int, cached: _Cached, background_snapshots: bool) -> tuple[pa.Table, Future[Any] | None]:
+    """The batch over a loaded partition: call, write the delta, apply it, start recording the
+    finish; returns the output rows and the finish record's write (None: no journal)."""
     outputs, delta, bulk = _call_function(spec, params, cached, rows, stats)
     changes = _delta_table(spec, params, delta)
     delta_table = (changes if bulk is None
@@ -550,9 +626,7 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     result = pa.Table.from_batches([_output_batch(spec, params, outputs)])
     if bulk is not None and bulk.output.num_rows:
         result = pa.concat_tables([result, bulk.output])
-    _record_finish(spec, params, partition, stats, result, delta_written)
-    report(stats)
-    return result
+    return result, _record_finish(spec, params, partition, stats, result, delta_written)
 
 
 def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, notes: list[str]
@@ -589,39 +663,42 @@ def _finished_output(spec: OperatorSpec, params: BatchParams, partition: int, no
 
 
 def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stats: Stats,
-                   output: pa.Table, delta_written: Future[int]) -> None:
+                   output: pa.Table, delta_written: Future[int]) -> Future[Any] | None:
     """The partition's output beside its delta, then its finish record: from here on a restart
     does not run the function for this partition and batch again (SPEC F2). The delta (being
     written since before the resident state took it in), the output and the lease's check go
     to the store side by side (on an object store, one round trip each); the finish record
-    waits for all three."""
+    waits for all three, and is written beside what the task does next (returned: the task
+    ends once it is written)."""
     if spec.journal is None:
         stats.delta_bytes = delta_written.result()
-        return
+        return None
+    journal = spec.journal
     output_written = _beside(lambda: spec.store.write_version(
         spec.generation, FileHeader(params.batch_time, partition, OUTPUT), output))
     try:
-        check_token(spec.journal.storage, params.token,
+        check_token(journal.storage, params.token,
                     f"partition {partition} of operator {spec.operator!r} finished batch {params.batch_time}")
     finally:
         stats.delta_bytes = delta_written.result()
         output_written.result()
-    spec.journal.partition_finished(params.batch_time, PartitionFinished(
-        spec.operator, partition, spec.generation, params.batch_time, output.num_rows, stats.to_json(), params.token))
+    finished = PartitionFinished(spec.operator, partition, spec.generation, params.batch_time, output.num_rows,
+                                 stats.to_json(), params.token)
+    return _beside(lambda: journal.partition_finished(params.batch_time, finished))
 
 
 _writers: ThreadPoolExecutor | None = None
 _writers_lock = threading.Lock()
 
 
-def _beside(write: Callable[[], int]) -> Future[int]:
-    """``write`` on a thread of this process, beside the task's own work; the task waits for it
-    before it records its finish."""
+def _beside(work: Callable[[], _T]) -> Future[_T]:
+    """``work`` (a read or a write of the store) on a thread of this process, beside the
+    task's own work; the task waits for it before it ends."""
     global _writers
     with _writers_lock:
         if _writers is None:  # made in the worker that uses it: a forked worker has no threads of its parent
             _writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchline-state-write")
-    return _writers.submit(write)
+    return _writers.submit(work)
 
 
 _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]

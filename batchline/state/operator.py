@@ -22,7 +22,6 @@ from pyspark.accumulators import Accumulator, AccumulatorParam
 from pyspark.sql import DataFrame
 
 from batchline.scheduler.progress import StateOperatorProgress
-from batchline.sinks.sink import ArrowFunction
 from batchline.state.contract import (
     BATCH_PARAMS_PROPERTY,
     BatchParams,
@@ -31,7 +30,7 @@ from batchline.state.contract import (
     Stats,
     with_batch_params,
 )
-from batchline.state.execution import spark_task
+from batchline.state.execution import StateTask, spark_task
 from batchline.state.store import DamagedStateFileError, KeptOutputLostError, StateMetadata, StateStore
 
 __all__ = [
@@ -106,7 +105,7 @@ class _StatsParam(AccumulatorParam):  # type: ignore[type-arg]
 
 
 def operator_task(spark_context: SparkContext, spec: OperatorSpec, batch_time: int
-                  ) -> tuple[ArrowFunction, Accumulator[ReportedStats]]:
+                  ) -> tuple[StateTask, Accumulator[ReportedStats]]:
     """The ``mapInArrow`` function of the operator's DataFrame for ``batch_time``, and the
     accumulator in which its tasks report their ``Stats`` (read it with ``tasks_reported``
     after the job ran)."""

@@ -16,8 +16,8 @@ from pyspark.sql import DataFrame
 
 from batchline.scheduler.progress import StateOperatorProgress
 from batchline.state.contract import BatchParams, PartitionFacts, Stats
+from batchline.state.execution import StateTask
 from batchline.state.operator import ReportedStats
-from batchline.streams.base import ArrowFunction
 
 __all__ = ["OperatorBatch", "Started"]
 
@@ -52,7 +52,7 @@ class OperatorBatch:
     stats: Accumulator[ReportedStats] | None = None
     """What its tasks report, by partition, as they run (made with its DataFrame;
     ``operator.tasks_reported`` sums it)."""
-    tasks: tuple[DataFrame, ArrowFunction] | None = None
+    tasks: tuple[DataFrame, StateTask] | None = None
     """The rows shuffled to the state partitions and the function of its tasks, when its only
     output reads its rows in one pass: the output's function runs in those tasks."""
     started: Started | None = None

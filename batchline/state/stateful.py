@@ -48,6 +48,7 @@ from batchline.scheduler.progress import StateOperatorProgress
 from batchline.spark import forget_accumulator
 from batchline.state import operator
 from batchline.state.contract import LATE_AT, RECENT_VERSIONS, BatchParams, OperatorSpec, PartitionFacts, Stats
+from batchline.state.execution import PartitionEnd, StateTask
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import AtEnd, GroupStateTimeout, last_due
 from batchline.state.in_output_job import InOutputJob
@@ -807,10 +808,20 @@ class StatefulRuntime(StreamRuntime):
             )
 
 
-def _then(task: ArrowFunction, handover: ArrowHandover, fn: ArrowFunction) -> ArrowFunction:
-    """The state task, then ``fn`` on the rows it returns, in the same Python worker."""
+def _then(task: StateTask, handover: ArrowHandover, fn: ArrowFunction) -> ArrowFunction:
+    """The state task, then ``fn`` on the rows it returns, in the same Python worker. The
+    partition's finish record is written while ``fn`` works (a sink staging its file: on an
+    object store, two round trips side by side); the task ends once it is written."""
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-        yield from fn(handover.batches(task(batches)))
+        endings: list[PartitionEnd] = []
+        try:
+            yield from fn(handover.batches(task.run(batches, endings)))
+        except BaseException:
+            for end in endings:
+                end.settle()
+            raise
+        for end in endings:
+            end.complete()
     return run
 
 
