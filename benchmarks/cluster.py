@@ -19,7 +19,13 @@ B. A 400-event batch of the cluster tests' pipeline (checkpoint and output on S3
    commit marker written); its generation overlaps the batch before (``max_batches_ahead``),
    so it is given apart.
 
-    python -m benchmarks.cluster [--repeats 3] [--batches 30] [--warmup 5]
+``--s3-latency-ms`` delays every answer of the S3 endpoint by that much, as a round trip to S3
+itself takes (20-50 ms; moto on loopback answers in a few): what counts there is how many
+round trips follow one another, not how many requests the endpoint's CPU serves. Its figures
+go to ``cluster_s3_<N>ms.json``, with ``--case`` choosing the cases to run.
+
+    python -m benchmarks.cluster [--repeats 3] [--batches 30] [--warmup 5] [--s3-latency-ms N]
+        [--case both|restart|batch]
 """
 
 from __future__ import annotations
@@ -170,6 +176,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="restarts per case; rounds of case B")
     parser.add_argument("--batches", type=int, default=30, help="batches per round of case B, each side")
     parser.add_argument("--warmup", type=int, default=5, help="batches of each round of case B not counted")
+    parser.add_argument("--s3-latency-ms", type=float, default=0, help="added to every answer of the S3 endpoint")
+    parser.add_argument("--case", choices=("both", "restart", "batch"), default="both")
     args = parser.parse_args()
     # The drivers, the cluster's JVMs and their executors inherit it: loopback only.
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
@@ -181,19 +189,25 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="batchline-bench-cluster-"))
     # A class-data archive of this benchmark's own runs, not of whatever ran on the machine before.
     os.environ[CACHE_DIR] = str(work / "cache")
-    s3 = S3Server().start()
+    s3 = S3Server(latency_ms=args.s3_latency_ms).start()
     cluster = StandaloneCluster(work / "cluster")
+    result: dict[str, Any] = {"s3_latency_ms": args.s3_latency_ms} if args.s3_latency_ms else {}
     try:
         cluster.start()
-        restart = restart_case(cluster, s3, args.repeats)
-        print(json.dumps(restart, indent=2), flush=True)
-        batches = batch_case(cluster, s3, args.repeats, args.batches, args.warmup)
-        print(json.dumps(batches, indent=2), flush=True)
+        if args.case in ("both", "restart"):
+            result["restart"] = restart_case(cluster, s3, args.repeats)
+            print(json.dumps(result["restart"], indent=2), flush=True)
+        if args.case in ("both", "batch"):
+            result["small_batch"] = batch_case(cluster, s3, args.repeats, args.batches, args.warmup)
+            print(json.dumps(result["small_batch"], indent=2), flush=True)
     finally:
         cluster.stop()
         s3.stop()
         shutil.rmtree(work, ignore_errors=True)
-    print(f"wrote {write_result('cluster', {'restart': restart, 'small_batch': batches})}")
+    name = f"cluster_s3_{args.s3_latency_ms:g}ms" if args.s3_latency_ms else "cluster"
+    if name == "cluster" and args.case != "both":
+        name = f"cluster_{args.case}"
+    print(f"wrote {write_result(name, result)}")
 
 
 if __name__ == "__main__":

@@ -47,14 +47,29 @@ class ServerError(RuntimeError):
     """A test server did not start."""
 
 
+class _Delayed:
+    """A WSGI application that answers each request ``seconds`` later, on the request's own
+    thread: an endpoint as far away as an object store in another building."""
+
+    def __init__(self, app: Any, seconds: float) -> None:
+        self.app, self.seconds = app, seconds
+
+    def __call__(self, environ: Any, start_response: Any) -> Any:
+        time.sleep(self.seconds)
+        return self.app(environ, start_response)
+
+
 class S3Server:
     """moto's S3 server on loopback, in a thread of this process, with the suite's buckets;
-    ``storage_options`` are the fsspec (s3fs) options that reach it."""
+    ``storage_options`` are the fsspec (s3fs) options that reach it. ``latency_ms`` delays
+    every answer by that much, as a round trip to S3 itself takes (moto on loopback answers
+    in a few milliseconds, which hides how many round trips follow one another)."""
 
     BUCKETS = ("batchline-test", "batchline-sink", "batchline-conditional")
 
-    def __init__(self) -> None:
+    def __init__(self, latency_ms: float = 0) -> None:
         self.port = free_port()
+        self.latency_ms = latency_ms
         self._server: Any = None
 
     @property
@@ -76,6 +91,9 @@ class S3Server:
                               aws_access_key_id="testing", aws_secret_access_key="testing")
         for bucket in self.BUCKETS:
             client.create_bucket(Bucket=bucket)
+        if self.latency_ms:
+            wsgi = self._server._server  # noqa: SLF001 (werkzeug's server, which moto's thread made)
+            wsgi.app = _Delayed(wsgi.app, self.latency_ms / 1000)
         return self
 
     def stop(self) -> None:
