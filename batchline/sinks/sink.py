@@ -115,7 +115,10 @@ class BatchContext:
         ``fn`` gets Arrow batches of the stream's schema (as Spark would cut and type them) and
         is called once per partition, as ``mapInArrow`` calls it. Let ``fn`` read all of its
         input: the tasks then count the input's records, which otherwise takes one more read of
-        the batch."""
+        the batch. In a state task, ``fn`` runs while the partition's finish record is written:
+        a task that fails after ``fn`` ran may run the state function again, so write what
+        ``fn`` writes under its attempt's name and make it visible in ``commit``, as
+        ``ExactlyOnceSink`` does."""
         if self.arrow_mapper is None:
             return df.mapInArrow(fn, schema)
         return self.arrow_mapper(df, fn, schema)

@@ -116,9 +116,10 @@ class PartitionCache:
         with self._lock:
             return self._entries.pop(key, None)
 
-    def holds(self, key: _CacheKey) -> bool:
+    def peek(self, key: _CacheKey) -> _Cached | None:
+        """The partition, left in place."""
         with self._lock:
-            return key in self._entries
+            return self._entries.get(key)
 
     def put(self, key: _CacheKey, cached: _Cached) -> None:
         with self._lock:
@@ -186,8 +187,12 @@ class PartitionEnd:
         self._then()
 
     def settle(self) -> None:
-        if self._recorded is not None:
-            futures.wait([self._recorded])
+        if self._recorded is None:
+            return
+        futures.wait([self._recorded])
+        failed = self._recorded.exception()
+        if failed is not None:  # the task's own failure is raised; this one would go unseen
+            logger.warning("The finish record of a failed task could not be written either: %s", failed)
 
 
 def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, generation: int, partition: int,
@@ -563,14 +568,19 @@ def _looked_up_and_cached(spec: OperatorSpec, params: BatchParams, partition: in
                           ) -> tuple[tuple[PartitionFinished, pa.Table] | None, _Cached | None, list[str]]:
     """The partition's kept output when it recorded its finish of the batch before, else its
     state at the version the batch builds on; and the notes of both. A partition the worker
-    holds is caught up while its finish record is looked for (on an object store, both are
-    round trips); one it does not hold is loaded only when the lookup found nothing, as a
-    restart's kept partitions need no state."""
+    holds from an earlier batch of this driver is caught up while its finish record is looked
+    for (on an object store, both are round trips); any other is loaded only when the lookup
+    found nothing, as a restart's kept partitions need no state."""
     lookup_notes: list[str] = []
     cache_notes: list[str] = []
     if spec.journal is None or not params.keep_finished:
         return None, _cached_partition(spec, params, partition, cache, cache_notes), cache_notes
-    if not cache.holds(_cache_key(spec, partition)):
+    held = cache.peek(_cache_key(spec, partition))
+    version = params.version_of(partition)
+    if (held is None or held.token != params.token or version is None or held.data.version is None
+            or held.data.version > version):
+        # Not held from an earlier batch of this driver (not at all, another driver's, or ahead:
+        # a stage attempt after one that finished), or nothing to build on: looked up first.
         looked = _finished_output(spec, params, partition, lookup_notes)
         if looked is not None:
             return looked, None, lookup_notes

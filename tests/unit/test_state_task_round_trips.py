@@ -114,8 +114,22 @@ def test_a_partition_the_worker_does_not_hold_reads_no_state_when_it_finished_th
     assert store.read == [(2000, OUTPUT)], "a kept partition loaded state it does not need"
 
 
-def _run(spec, params, cache, endings, reported):
-    return run_partition(spec, params, [arrow_batch([("a", 1), ("b", 2)])], PARTITION, reported.append,
+def test_a_partition_held_ahead_of_the_batch_is_left_as_it_is_when_the_batch_is_kept(operator):
+    spec, store, journal, token, calls = operator
+    here = Worker(spec)
+    here.run(BatchParams(1000, None, token, None), [("a", 1)], PARTITION)
+    here.run(BatchParams(2000, 1000, token, None), [("a", 1)], PARTITION)  # held at 2000 now
+    store.read.clear()
+
+    out, _ = here.run(BatchParams(2000, 1000, token, None), [("a", 1)], PARTITION)  # a new stage attempt
+    assert out == [("a", 2)] and calls == ["a", "a"]
+    assert store.read == [(2000, OUTPUT)], "a kept partition loaded state it does not need"
+    out, _ = here.run(BatchParams(3000, 2000, token, None), [("a", 1)], PARTITION)
+    assert out == [("a", 3)] and store.read == [(2000, OUTPUT)]  # its copy at 2000 stayed, good as it was
+
+
+def _run(spec, params, cache, endings, report):
+    return run_partition(spec, params, [arrow_batch([("a", 1), ("b", 2)])], PARTITION, report,
                          cache=cache, background_snapshots=False, endings=endings)
 
 
@@ -124,8 +138,13 @@ def test_rows_come_out_while_the_finish_record_is_written_and_the_partition_ends
     cache, endings, reported = PartitionCache(), [], []
     staged = threading.Event()  # what a sink does with the rows: it may not wait for the record
     journal.record_waits_for = staged
+    recorded_when_reported = []
 
-    rows = [row for batch in _run(spec, BatchParams(1000, None, token, None), cache, endings, reported)
+    def report(stats):
+        recorded_when_reported.append(journal.finished(1000, spec.operator, 0, PARTITION) is not None)
+        reported.append(stats)
+
+    rows = [row for batch in _run(spec, BatchParams(1000, None, token, None), cache, endings, report)
             for row in batch.to_pylist()]
     staged.set()
     assert sorted(r["key"] for r in rows) == ["a", "b"]
@@ -138,15 +157,31 @@ def test_rows_come_out_while_the_finish_record_is_written_and_the_partition_ends
     record = journal.finished(1000, spec.operator, 0, PARTITION)
     assert record is not None and record.output_rows == 2
     assert len(reported) == 1 and reported[0].keys_called == 2 and len(cache) == 1
+    assert recorded_when_reported == [True], "the partition reported its batch before its finish record was written"
 
 
-def test_a_task_that_fails_after_its_rows_came_out_leaves_no_write_running_and_no_partition_cached(operator):
+def test_a_finish_record_that_cannot_be_written_fails_the_partition_which_reports_and_caches_nothing(operator):
+    spec, store, journal, token, calls = operator
+    cache, endings, reported = PartitionCache(), [], []
+
+    def full(batch_time, record):
+        raise OSError(28, "No space left on device")
+
+    journal.partition_finished = full
+    assert [r for b in _run(spec, BatchParams(1000, None, token, None), cache, endings, reported.append)
+            for r in b.to_pylist()]
+    with pytest.raises(OSError, match="No space left"):
+        endings[0].complete()
+    assert reported == [] and len(cache) == 0
+
+
+def test_settling_a_partition_waits_for_its_finish_record_and_reports_and_caches_nothing(operator):
     spec, store, journal, token, calls = operator
     cache, endings, reported = PartitionCache(), [], []
     release = threading.Event()
     journal.record_waits_for = release
 
-    for _ in _run(spec, BatchParams(1000, None, token, None), cache, endings, reported):
+    for _ in _run(spec, BatchParams(1000, None, token, None), cache, endings, reported.append):
         pass
     [end] = endings
     settling = threading.Thread(target=end.settle)
@@ -158,3 +193,53 @@ def test_a_task_that_fails_after_its_rows_came_out_leaves_no_write_running_and_n
     assert not settling.is_alive()
     assert journal.finished(1000, spec.operator, 0, PARTITION) is not None  # landed before the task ended
     assert reported == [] and len(cache) == 0  # a failed task reports nothing and caches nothing
+
+
+class _End:
+    def __init__(self, log):
+        self.log = log
+
+    def complete(self):
+        self.log.append("complete")
+
+    def settle(self):
+        self.log.append("settle")
+
+
+class _Task:
+    """A state task as ``_then`` drives it: rows out, its partition's end left to the caller."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def run(self, batches, endings):
+        endings.append(_End(self.log))
+        yield from batches
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_the_sink_s_part_of_a_state_task_runs_before_the_partition_ends_which_a_failure_settles(fails):
+    import pyarrow as pa
+
+    from batchline.state.stateful import _then
+    from batchline.streams.handover import ArrowHandover
+
+    log: list[str] = []
+    schema = pa.schema([("key", pa.string())])
+
+    def sink(batches):
+        rows = sum(b.num_rows for b in batches)
+        log.append(f"staged {rows}")
+        if fails:
+            raise OSError("the sink's file could not be written")
+        yield pa.RecordBatch.from_pylist([{"key": "message"}], schema=schema)
+
+    task = _then(_Task(log), ArrowHandover(schema, 10_000), sink)
+    batches = [pa.RecordBatch.from_pylist([{"key": "a"}, {"key": "b"}], schema=schema)]
+    if fails:
+        with pytest.raises(OSError, match="could not be written"):
+            list(task(iter(batches)))
+        assert log == ["staged 2", "settle"]
+    else:
+        assert [b.num_rows for b in task(iter(batches))] == [1]
+        assert log == ["staged 2", "complete"]
