@@ -697,18 +697,18 @@ def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stat
     return _beside(lambda: journal.partition_finished(params.batch_time, finished))
 
 
-_writers: ThreadPoolExecutor | None = None
-_writers_lock = threading.Lock()
+_store_threads: ThreadPoolExecutor | None = None
+_store_threads_lock = threading.Lock()
 
 
 def _beside(work: Callable[[], _T]) -> Future[_T]:
     """``work`` (a read or a write of the store) on a thread of this process, beside the
     task's own work; the task waits for it before it ends."""
-    global _writers
-    with _writers_lock:
-        if _writers is None:  # made in the worker that uses it: a forked worker has no threads of its parent
-            _writers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchline-state-write")
-    return _writers.submit(work)
+    global _store_threads
+    with _store_threads_lock:
+        if _store_threads is None:  # made in the worker that uses it: a forked worker has no threads of its parent
+            _store_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="batchline-state-io")
+    return _store_threads.submit(work)
 
 
 _Delta = dict[Any, tuple[tuple[Any, ...] | None, int | None]]
