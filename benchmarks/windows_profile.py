@@ -25,7 +25,10 @@ import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from batchline.state.execution import StateTask
 
 ENV = "BENCH_WINDOWS_PROFILE"
 """Set to a directory, the batchline side of ``windows_run`` profiles into it."""
@@ -60,8 +63,11 @@ def install(directory: Path) -> dict[str, str]:
     (directory / "tasks").mkdir(parents=True, exist_ok=True)
     original = operator.spark_task
 
-    def spark_task(*args: Any, **kwargs: Any) -> Callable[[Iterator[Any]], Iterator[Any]]:
-        return profiled(original(*args, **kwargs), str(directory / "tasks"))
+    def spark_task(*args: Any, **kwargs: Any) -> StateTask:
+        task = original(*args, **kwargs)
+        # ``run``, not the task itself: an output that takes the state task's rows calls it.
+        task.run = profiled(task.run, str(directory / "tasks"))  # type: ignore[method-assign]
+        return task
 
     if not os.environ.get(EVENTS_ONLY):
         operator.spark_task = spark_task  # type: ignore[assignment]
@@ -75,14 +81,13 @@ def event_log_conf(directory: Path) -> dict[str, str]:
             "spark.eventLog.compress": "false", "spark.eventLog.rolling.enabled": "false"}
 
 
-def profiled(task: Callable[[Iterator[Any]], Iterator[Any]], directory: str
-             ) -> Callable[[Iterator[Any]], Iterator[Any]]:
-    def run(batches: Iterator[Any]) -> Iterator[Any]:
+def profiled(task: Callable[..., Iterator[Any]], directory: str) -> Callable[..., Iterator[Any]]:
+    def run(*args: Any) -> Iterator[Any]:
         profile = cProfile.Profile()
         began = time.perf_counter()
         profile.enable()
         try:
-            yield from task(batches)
+            yield from task(*args)
         finally:
             profile.disable()
             name = f"{directory}/task-{os.getpid()}-{time.time_ns()}"
