@@ -22,7 +22,7 @@ B. A 400-event batch of the cluster tests' pipeline (checkpoint and output on S3
 ``--s3-latency-ms`` delays every answer of the S3 endpoint by that much, as a round trip to S3
 itself takes (20-50 ms; moto on loopback answers in a few): what counts there is how many
 round trips follow one another, not how many requests the endpoint's CPU serves. Its figures
-go to ``cluster_s3_<N>ms.json``, with ``--case`` choosing the cases to run.
+go to ``cluster_s3_<N>ms.json``. ``--case`` runs one case only (its name ends the file's).
 
     python -m benchmarks.cluster [--repeats 3] [--batches 30] [--warmup 5] [--s3-latency-ms N]
         [--case both|restart|batch]
@@ -204,9 +204,8 @@ def main() -> None:
         cluster.stop()
         s3.stop()
         shutil.rmtree(work, ignore_errors=True)
-    name = f"cluster_s3_{args.s3_latency_ms:g}ms" if args.s3_latency_ms else "cluster"
-    if name == "cluster" and args.case != "both":
-        name = f"cluster_{args.case}"
+    name = "cluster" + (f"_s3_{args.s3_latency_ms:g}ms" if args.s3_latency_ms else "") + (
+        "" if args.case == "both" else f"_{args.case}")
     print(f"wrote {write_result(name, result)}")
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 
+import pyarrow as pa
 import pytest
 
 from batchline.checkpoint.events import JobEventStore
@@ -17,7 +18,9 @@ from batchline.clock import ManualClock
 from batchline.state import GroupStateTimeout
 from batchline.state.contract import BatchParams
 from batchline.state.execution import PartitionCache, PartitionEnd, run_partition
+from batchline.state.stateful import _then
 from batchline.state.store import DELTA, OUTPUT, FileKind, MemoryStateStore
+from batchline.streams.handover import ArrowHandover
 from tests.helpers import running_count
 from tests.unit.test_state_store import Worker, arrow_batch, spec_for
 
@@ -219,11 +222,6 @@ class _Task:
 
 @pytest.mark.parametrize("fails", [False, True])
 def test_the_sink_s_part_of_a_state_task_runs_before_the_partition_ends_which_a_failure_settles(fails):
-    import pyarrow as pa
-
-    from batchline.state.stateful import _then
-    from batchline.streams.handover import ArrowHandover
-
     log: list[str] = []
     schema = pa.schema([("key", pa.string())])
 
