@@ -73,8 +73,12 @@ class CheckpointManager:
         self.lease.check()
         self.events.batch_started(batch_time, allocations, self.lease.token)
 
-    def commit_batch(self, batch_time: int, operators: dict[str, OperatorProgress] | None = None) -> None:
-        self.lease.check()
+    def commit_batch(self, batch_time: int, operators: dict[str, OperatorProgress] | None = None,
+                     lease_checked: bool = False) -> None:
+        """The commit marker, under the lease: checked here unless the caller just did
+        (``lease_checked``, beside the batch's other commits)."""
+        if not lease_checked:
+            self.lease.check()
         self.events.batch_completed(batch_time, self.lease.token, operators)
 
     def purge_events_before(self, threshold_time: int) -> None:

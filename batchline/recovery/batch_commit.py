@@ -98,7 +98,12 @@ class BatchCommit:
         # Step 2 runs these on the job scheduler
         return self.pipeline.generate_jobs(batch_time, logged_here)
 
-    def commit(self, batch_time: int) -> None:
+    def check_commit(self, batch_time: int) -> None:
+        """Step 4's lease check, beside the commits the batch's jobs left (``BatchRun``)."""
+        if self._checkpoints is not None and batch_time not in self._idle:
+            self._checkpoints.lease.check()
+
+    def commit(self, batch_time: int, lease_checked: bool = False) -> None:
         """Called by the batch's ``BatchRun``, on its thread, once every job of the batch succeeded."""
         if batch_time in self._idle:
             self._idle.discard(batch_time)
@@ -109,7 +114,7 @@ class BatchCommit:
         self.pipeline.verify(batch_time)
         # Step 4
         if self._checkpoints is not None:
-            self._checkpoints.commit_batch(batch_time, self.pipeline.progress())
+            self._checkpoints.commit_batch(batch_time, self.pipeline.progress(), lease_checked=lease_checked)
         # Step 5
         self.pipeline.on_batch_committed(batch_time)
         self.last_committed = max(batch_time, self.last_committed or batch_time)

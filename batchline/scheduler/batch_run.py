@@ -30,6 +30,7 @@ import enum
 import logging
 import threading
 from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Protocol
 
 from batchline.batch_time import format_batch_time
@@ -56,6 +57,9 @@ class RunState(enum.Enum):
     CANCELLED = "cancelled"
 
 
+FRESH_LEASE_CHECK_MS = 1_000
+"""How long before its commit marker a batch's lease check, made beside its jobs' commits, may be."""
+
 _ENDS = frozenset({RunState.COMMITTED, RunState.FAILED, RunState.CANCELLED})
 
 _ALLOWED: dict[RunState, frozenset[RunState]] = {
@@ -80,9 +84,14 @@ class BatchPipeline(Protocol):
     def jobs_for(self, batch_time: int) -> list[Job]:
         """Take the batch's input (logged before anything runs) and build its jobs."""
 
-    def commit(self, batch_time: int) -> None:
+    def check_commit(self, batch_time: int) -> None:
+        """What the batch's commit marker needs that no commit of its jobs changes (that this
+        driver still holds the checkpoint lease); raises as ``commit`` would. Called beside
+        those commits: on an object store it is a round trip that need not follow theirs."""
+
+    def commit(self, batch_time: int, lease_checked: bool = False) -> None:
         """Every job of the batch succeeded: make the batch durable (count, verify, commit marker,
-        move every node on)."""
+        move every node on). ``lease_checked``: ``check_commit`` passed after the batch's jobs."""
 
     def operator_progress(self, batch_time: int) -> dict[str, StateOperatorProgress]:
         """What each stateful operator did in the batch (so far), by name."""
@@ -123,6 +132,9 @@ class Scheduling(Protocol):
         """Run this thread's Spark jobs in the batch's job group, which a stop cancels."""
 
     def report_error(self, message: str, error: BaseException) -> None: ...
+
+    def beside(self, work: Callable[[], None]) -> Future[None]:
+        """``work`` on a thread of the scheduler's own, beside the batch's."""
 
 
 class _Verdict(enum.Enum):
@@ -251,6 +263,7 @@ class BatchRun:
                     # Step 4
                     self._move(RunState.COMMITTING)
                     commit_started = scheduling.clock.now_ms()
+                    lease_check = scheduling.beside(lambda: self._pipeline.check_commit(self.time))
                     failure = self._commit_pending()
                     if failure is None:
                         self.jobs_run = jobs_run
@@ -267,7 +280,7 @@ class BatchRun:
         finally:
             if holding:
                 scheduling.give_back_slot()
-        self._commit(scheduling, commit_started)  # Steps 4 and 5
+        self._commit(scheduling, commit_started, lease_check)  # Steps 4 and 5
 
     def _start(self, scheduling: Scheduling) -> None:
         scheduling.enter_job_group(self.time)
@@ -353,14 +366,17 @@ class BatchRun:
                 logger.warning("Letting go of what %s staged for batch %d failed: %s", job.describe(),
                                job.batch_time, short_cause(error))
 
-    def _commit(self, scheduling: Scheduling, commit_started: int) -> None:
+    def _commit(self, scheduling: Scheduling, commit_started: int, lease_check: Future[None]) -> None:
         job_set, clock = self.job_set, scheduling.clock
         job_set.processing_end_time = clock.now_ms()
         try:
             # Taken before the commit: once committed, an operator may let go of its part of the batch.
             job_set.state_operators = self._pipeline.operator_progress(self.time)
+            lease_check.result()
+            # A check older than that (commits that took long) is made again, right before the marker.
+            fresh = clock.now_ms() - commit_started <= FRESH_LEASE_CHECK_MS
             # Not retried: the commit marker may already be written, and a fenced driver must stop.
-            self._pipeline.commit(self.time)
+            self._pipeline.commit(self.time, lease_checked=fresh)
             if self._on_committed is not None:
                 self._on_committed(self.time)
         except BaseException as cause:

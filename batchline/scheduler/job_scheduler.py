@@ -77,6 +77,8 @@ class JobScheduler:
             max_workers=settings.concurrent_jobs + (1 if settings.overlap_commits else 0),
             thread_name_prefix="batchline-job",
         )
+        self._beside = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="batchline-commit-check")
+        """What a committing batch does beside its commits (``beside``); batches commit one at a time."""
         self._slots = threading.Semaphore(settings.concurrent_jobs)
         """Held while a batch runs its jobs: at most ``concurrent_jobs`` batches do at once."""
         self._lock = threading.Lock()
@@ -90,6 +92,18 @@ class JobScheduler:
         self._stop_waiting = threading.Event()
 
     # ---------------------------------------------------------------- what a batch asks (Scheduling)
+    def beside(self, work: Callable[[], None]) -> concurrent.futures.Future[None]:
+        try:
+            return self._beside.submit(work)
+        except RuntimeError:  # shut down meanwhile: done here, as before there was a thread for it
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            try:
+                work()
+                done.set_result(None)
+            except BaseException as error:  # noqa: BLE001 (handed to the batch, which fails its commit with it)
+                done.set_exception(error)
+            return done
+
     @property
     def clock(self) -> Clock:
         return self._clock
@@ -206,4 +220,5 @@ class JobScheduler:
         else:  # committed, still telling the listeners: let them finish before the lease is given up
             concurrent.futures.wait(running, timeout=_CANCEL_GRACE_S)
         self._executor.shutdown(wait=False, cancel_futures=True)
+        self._beside.shutdown(wait=False, cancel_futures=True)
         return unfinished

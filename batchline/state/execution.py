@@ -209,7 +209,7 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
     what = files.describe_partition(partition)
     if held is not None and steps and steps[0][1] == DELTA and held.version is not None:
         assert target is not None
-        return _with_deltas(held, (files.read_version(generation, partition, v, kind).table for v, kind in steps),
+        return _with_deltas(held, (found.table for found in files.read_versions(generation, partition, steps)),
                             len(steps), target, spec_state, single_key, what)
     if held is not None and not steps and held.version == target:
         return held
@@ -218,9 +218,10 @@ def load_partition(files: StateStore, spec_state: RowSchema, single_key: bool, g
 
     def tables() -> Iterator[pa.Table]:
         nonlocal initial
+        reads = files.read_versions(generation, partition, steps)
         for index, (v, kind) in enumerate(steps):
             try:
-                found = files.read_version(generation, partition, v, kind)
+                found = next(reads)
             except DamagedStateFileError as damage:
                 if kind == SNAPSHOT:
                     raise _DamagedSnapshot(v, damage) from None
@@ -276,8 +277,9 @@ def _caught_up_by_name(spec: OperatorSpec, params: BatchParams, partition: int,
         return None
     later = named[named.index(held.version) + 1:]
     try:
-        # All read before any is applied: a missing one leaves ``held`` as it was.
-        deltas = [spec.store.read_version(spec.generation, partition, v, DELTA).table for v in later]
+        # All read (side by side) before any is applied: a missing one leaves ``held`` as it was.
+        deltas = [found.table for found in spec.store.read_versions(spec.generation, partition,
+                                                                    [(v, DELTA) for v in later])]
     except (FileNotFoundError, StateVersionError):
         return None
     return _with_deltas(held, deltas, len(deltas), target, spec.state, spec.single_key,

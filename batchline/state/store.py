@@ -34,18 +34,22 @@ old files by field name (schema evolution, SPEC D5).
 from __future__ import annotations
 
 import abc
+import collections
 import dataclasses
 import enum
+import functools
 import io
 import json
 import logging
+import os
 import struct
 import threading
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pyarrow as pa
 import pyarrow.ipc as ipc
@@ -88,6 +92,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 STATE_DIR = "state"
+READS_AT_ONCE = 4
+"""Version files a load reads side by side from an object store (one round trip for up to this many)."""
 METADATA = "_metadata.json"
 
 
@@ -295,6 +301,11 @@ class StateStore(abc.ABC):
     travel to Spark tasks (``__reduce__``); loading plans and clean-up are built on those.
     """
 
+    reads_at_once: int = 1
+    """How many version files a load reads side by side (``read_versions``): on an object
+    store each read is a round trip, and a partition that comes back to a worker several
+    versions behind, or loads after a restart, reads several."""
+
     def __init__(self, operator: str) -> None:
         self.operator = operator
 
@@ -338,11 +349,24 @@ class StateStore(abc.ABC):
     def delete_version(self, generation: int, partition: int, version: int, kind: FileKind) -> None:
         """Delete one version file; nothing happens when it is already gone."""
 
+    def delete_versions(self, generation: int, partition: int, files: Sequence[tuple[int, FileKind]]) -> None:
+        """Delete these version files of a partition, those already gone included."""
+        for version, kind in files:
+            self.delete_version(generation, partition, version, kind)
+
     @abc.abstractmethod
     def delete_generation(self, generation: int) -> None:
         """Delete every file of a generation (an old one after a rescale, or a crashed rescale's)."""
 
     # ---------------------------------------------------------------- built on them
+    def read_versions(self, generation: int, partition: int,
+                      steps: Sequence[tuple[int, FileKind]]) -> Iterator[VersionFile]:
+        """The version files ``steps`` names, in their order, up to ``reads_at_once`` of them
+        read side by side; a read's error is raised where its file comes, and the reads after
+        it are dropped."""
+        return read_ahead([functools.partial(self.read_version, generation, partition, v, kind) for v, kind in steps],
+                          self.reads_at_once)
+
     def describe_partition(self, partition: int) -> str:
         return f"state of operator {self.operator!r}, partition {partition}"
 
@@ -376,26 +400,18 @@ class StateStore(abc.ABC):
         versions up to ``committed_through``, which no restart reads again."""
         versions = self.list_versions(generation, partition)
         ordered = sorted(versions)
-        removed = 0
+        going: list[tuple[int, FileKind]] = []
         if committed_through is not None:
             for v in ordered:
                 if v <= committed_through and OUTPUT in versions[v]:
-                    self.delete_version(generation, partition, v, OUTPUT)
+                    going.append((v, OUTPUT))
                     versions[v].discard(OUTPUT)
-                    removed += 1
-        if len(ordered) <= retain:
-            return removed
-        oldest_kept = ordered[-retain]
-        floors = [v for v in ordered if v <= oldest_kept and SNAPSHOT in versions[v]]
-        if not floors:
-            return removed
-        for v in ordered:
-            if v >= floors[-1]:
-                break
-            for kind in sorted(versions[v]):
-                self.delete_version(generation, partition, v, kind)
-                removed += 1
-        return removed
+        oldest_kept = ordered[-retain] if len(ordered) > retain else None
+        floors = [v for v in ordered if oldest_kept is not None and v <= oldest_kept and SNAPSHOT in versions[v]]
+        if floors:
+            going += [(v, kind) for v in ordered if v < floors[-1] for kind in sorted(versions[v])]
+        self.delete_versions(generation, partition, going)  # on an object store, one request
+        return len(going)
 
     def plan_load(self, generation: int, partition: int, version: int | None, below: int | None = None,
                   since: int | None = None, without_snapshots: frozenset[int] = frozenset()) \
@@ -447,6 +463,45 @@ class StateStore(abc.ABC):
         return found
 
 
+_T = TypeVar("_T")
+_read_pool: tuple[int, ThreadPoolExecutor] | None = None
+_read_pool_lock = threading.Lock()
+
+
+def read_ahead(reads: Sequence[Callable[[], _T]], at_once: int) -> Iterator[_T]:
+    """The results of ``reads`` in their order, with up to ``at_once`` of them running side
+    by side on this process's read threads; each read's error is raised in its place."""
+    if at_once <= 1 or len(reads) <= 1:
+        return (read() for read in reads)
+    return _read_ahead(reads, at_once)
+
+
+def _read_ahead(reads: Sequence[Callable[[], _T]], at_once: int) -> Iterator[_T]:
+    pool, upcoming = _reads_pool(), iter(reads)
+    running: collections.deque[Future[_T]] = collections.deque(pool.submit(read) for _, read in zip(
+        range(at_once), upcoming, strict=False))
+    try:
+        while running:
+            result = running.popleft().result()
+            following = next(upcoming, None)
+            if following is not None:
+                running.append(pool.submit(following))
+            yield result
+    finally:
+        for left in running:  # after an error, or a caller that stopped reading
+            left.cancel()
+
+
+def _reads_pool() -> ThreadPoolExecutor:
+    """The read threads of this process: made by the process that uses them, as a forked
+    Python worker has none of its parent's threads."""
+    global _read_pool
+    with _read_pool_lock:
+        if _read_pool is None or _read_pool[0] != os.getpid():
+            _read_pool = (os.getpid(), ThreadPoolExecutor(max_workers=8, thread_name_prefix="batchline-state-read"))
+        return _read_pool[1]
+
+
 def _span(versions: list[int]) -> str:
     if not versions:
         return "none"
@@ -473,6 +528,8 @@ class FileStateStore(StateStore):
         super().__init__(operator)
         self.storage = storage
         self.base = f"{STATE_DIR}/{operator}"
+        # A local file is read in a fraction of a thread's hand-over; a remote one in a round trip.
+        self.reads_at_once = 1 if storage.is_local else READS_AT_ONCE
 
     @classmethod
     def open(cls, location: str, operator: str, storage_options: dict[str, Any] | None = None) -> FileStateStore:
@@ -558,6 +615,9 @@ class FileStateStore(StateStore):
 
     def delete_version(self, generation: int, partition: int, version: int, kind: FileKind) -> None:
         self.storage.delete(self._path(generation, partition, version, kind))
+
+    def delete_versions(self, generation: int, partition: int, files: Sequence[tuple[int, FileKind]]) -> None:
+        self.storage.delete_files([self._path(generation, partition, version, kind) for version, kind in files])
 
     def delete_generation(self, generation: int) -> None:
         self.storage.delete(f"{self.base}/g{generation}", recursive=True)

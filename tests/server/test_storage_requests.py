@@ -16,6 +16,7 @@ from batchline.clock import ManualClock
 from batchline.sinks.exactly_once import WriteAttempt
 from batchline.sinks.files import FileSink
 from batchline.sinks.sink import BatchContext
+from batchline.state.store import DELTA, OUTPUT, SNAPSHOT, FileHeader, FileStateStore
 
 BUCKET = "batchline-test"
 
@@ -211,3 +212,17 @@ def test_a_name_is_deleted_as_it_is_never_as_a_pattern(tmp_path, s3_endpoint, wh
     storage.write_new("runs[1]/other.json", b"{}")
     assert storage.delete("runs[1]/other.json")
     assert storage.find_files("runs[1]") == []
+
+
+def test_a_state_partition_s_purge_deletes_its_old_files_in_one_request(s3_storage):
+    store = FileStateStore(s3_storage, "op")
+    table = pa.table({"k": [1]})
+    for version in range(1000, 6000, 1000):
+        store.write_version(0, FileHeader(version, 3, DELTA, first=version == 1000), table)
+        store.write_version(0, FileHeader(version, 3, OUTPUT), table)
+    store.write_version(0, FileHeader(4000, 3, SNAPSHOT), table)
+    sent = Requests(s3_storage)
+    # The outputs of the committed batches, and every file below the snapshot the kept versions need.
+    assert store.purge(0, 3, retain=2, committed_through=4000) == 4 + 3
+    assert sent.take() == ["ListObjectsV2", "DeleteObjects"]
+    assert store.list_versions(0, 3) == {4000: {DELTA, SNAPSHOT}, 5000: {DELTA, OUTPUT}}

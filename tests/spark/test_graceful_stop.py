@@ -28,7 +28,10 @@ class _NothingToCommit:
     def jobs_for(self, batch_time: int) -> list[Job]:
         return []
 
-    def commit(self, batch_time: int) -> None:
+    def check_commit(self, batch_time: int) -> None:
+        pass
+
+    def commit(self, batch_time: int, lease_checked: bool = False) -> None:
         pass
 
     def operator_progress(self, batch_time: int) -> dict:

@@ -2,6 +2,7 @@
 it goes through, the transitions it refuses, its pending commits, and a batch behind one that
 failed for good."""
 
+import concurrent.futures
 import itertools
 import threading
 
@@ -9,7 +10,7 @@ import pytest
 
 from batchline.clock import ManualClock
 from batchline.errors import ContextStateError
-from batchline.scheduler.batch_run import BatchRun, RunState
+from batchline.scheduler.batch_run import FRESH_LEASE_CHECK_MS, BatchRun, RunState
 from batchline.scheduler.input_info import InputInfoTracker
 from batchline.scheduler.job import BatchState, Job, JobKind, JobSet, PendingCommit
 from batchline.scheduler.lifecycle import BatchLifecycle
@@ -47,6 +48,11 @@ class Scheduling:
     def report_error(self, message: str, error: BaseException) -> None:
         self.errors.append(error)
 
+    def beside(self, work):
+        done = concurrent.futures.Future()
+        done.set_result(work())
+        return done
+
 
 class Pipeline:
     """Records the state each batch is in when the pipeline commits it."""
@@ -54,13 +60,18 @@ class Pipeline:
     def __init__(self) -> None:
         self.runs: dict[int, BatchRun] = {}
         self.committed: list[tuple[int, RunState]] = []
+        self.checked: list[int] = []
         self.operators: dict[int, StateOperatorProgress] = {}
         """What an operator did, by batch; it lets go of it once the batch commits."""
 
     def jobs_for(self, batch_time: int) -> list[Job]:
         return []
 
-    def commit(self, batch_time: int) -> None:
+    def check_commit(self, batch_time: int) -> None:
+        self.checked.append(batch_time)
+
+    def commit(self, batch_time: int, lease_checked: bool = False) -> None:
+        assert lease_checked and self.checked[-1] == batch_time, "committed without the lease checked beside"
         self.committed.append((batch_time, self.runs[batch_time].state))
         self.operators.pop(batch_time, None)
 
@@ -184,3 +195,74 @@ def test_what_the_operators_did_goes_into_the_batchs_record_before_they_let_go_o
     (record,) = scheduling.lifecycle.recent_progress
     assert record.status == ("failed" if fails else "completed")
     assert [(op.operator, op.input_rows, op.updated) for op in record.state_operators] == [("sessions", 5, 2)]
+
+
+class _Threaded(Scheduling):
+    """The scheduler's side with a real thread beside the batch's, as ``JobScheduler`` has."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+
+    def beside(self, work):
+        return self._pool.submit(work)
+
+
+class _Fenced(Exception):
+    pass
+
+
+def test_the_lease_is_checked_beside_the_commits_the_jobs_left_and_before_the_batch_s_commit():
+    scheduling, log = _Threaded(), []
+    checking = threading.Event()
+
+    class Pipeline_(Pipeline):
+        def check_commit(self, batch_time):
+            checking.set()
+            super().check_commit(batch_time)
+
+    class WaitsForTheCheck(Staged):
+        def commit(self):
+            assert checking.wait(5), "the lease was checked only after the output's commit"
+            super().commit()
+
+    pipeline = Pipeline_()
+    run = batch(pipeline, 11_000, Job(11_000, "out", lambda: WaitsForTheCheck(log, "out"), JobKind.OUTPUT))
+    run.queue(None, scheduling.lifecycle)
+    run.run(scheduling)
+    assert log == ["commit out"] and pipeline.committed == [(11_000, RunState.COMMITTING)]
+    assert run.state is RunState.COMMITTED and scheduling.errors == []
+
+
+def test_a_lease_lost_while_the_outputs_committed_fails_the_batch_s_commit():
+    scheduling, log = _Threaded(), []
+
+    class Pipeline_(Pipeline):
+        def check_commit(self, batch_time):
+            raise _Fenced("this driver lost its lease")
+
+    pipeline = Pipeline_()
+    run = batch(pipeline, 11_000, Job(11_000, "out", lambda: Staged(log, "out"), JobKind.OUTPUT))
+    run.queue(None, scheduling.lifecycle)
+    run.run(scheduling)
+    assert pipeline.committed == [] and run.state is RunState.FAILED
+    (error,) = scheduling.errors
+    assert "lost its lease" in str(error)
+
+
+def test_commits_that_took_long_leave_the_lease_to_be_checked_again_right_before_the_marker():
+    scheduling, log, asked = _Threaded(), [], []
+
+    class Pipeline_(Pipeline):
+        def commit(self, batch_time, lease_checked=False):
+            asked.append(lease_checked)
+
+    class Slow(Staged):
+        def commit(self):
+            scheduling.clock.advance(FRESH_LEASE_CHECK_MS + 1)
+            super().commit()
+
+    run = batch(Pipeline_(), 11_000, Job(11_000, "out", lambda: Slow(log, "out"), JobKind.OUTPUT))
+    run.queue(None, scheduling.lifecycle)
+    run.run(scheduling)
+    assert asked == [False], "a lease check older than the commits was trusted for the marker"

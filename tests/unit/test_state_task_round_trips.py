@@ -19,7 +19,7 @@ from batchline.state import GroupStateTimeout
 from batchline.state.contract import BatchParams
 from batchline.state.execution import PartitionCache, PartitionEnd, run_partition
 from batchline.state.stateful import _then
-from batchline.state.store import DELTA, OUTPUT, FileKind, MemoryStateStore
+from batchline.state.store import DELTA, OUTPUT, FileKind, MemoryStateStore, read_ahead
 from batchline.streams.handover import ArrowHandover
 from tests.helpers import running_count
 from tests.unit.test_state_store import Worker, arrow_batch, spec_for
@@ -241,3 +241,73 @@ def test_the_sink_s_part_of_a_state_task_runs_before_the_partition_ends_which_a_
     else:
         assert [b.num_rows for b in task(iter(batches))] == [1]
         assert log == ["staged 2", "complete"]
+
+
+class _SideBySide(MemoryStateStore):
+    """A memory store read as an object store is: several version files side by side. A delta's
+    read answers only once ``together`` reads are in flight at once (or fails after a while)."""
+
+    reads_at_once = 4
+
+    def __init__(self, together: int) -> None:
+        super().__init__("op")
+        self.together = threading.Barrier(together, timeout=WAIT_S)
+        self.waiting = False
+
+    def read_version(self, generation, partition, version, kind):
+        if self.waiting and kind == DELTA:
+            self.together.wait()
+        return super().read_version(generation, partition, version, kind)
+
+
+def test_a_partition_several_versions_behind_reads_the_deltas_it_missed_side_by_side(tmp_path):
+    location = CheckpointStorage(str(tmp_path / "checkpoint"))
+    token = Lease(location, ManualClock(0), 15_000).acquire()
+    store = _SideBySide(together=3)
+    spec = dataclasses.replace(spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT),
+                               journal=JobEventStore(location, 1000))
+    here, elsewhere = Worker(spec), Worker(spec)
+    here.run(BatchParams(1000, None, token, None), [("a", 1)], PARTITION)
+    for batch in (2000, 3000, 4000):  # ``here`` misses three versions
+        elsewhere.run(BatchParams(batch, batch - 1000, token, None), [("a", 1)], PARTITION)
+
+    store.waiting = True  # the three deltas answer only when all three are asked for at once
+    out, _ = here.run(BatchParams(5000, 4000, token, None, recent_versions=(1000, 2000, 3000, 4000)),
+                      [("a", 1)], PARTITION)
+    assert out == [("a", 5)]
+
+
+def test_reads_side_by_side_come_in_order_and_an_error_is_raised_in_its_place():
+    started: list[int] = []
+    release = threading.Event()
+
+    def read(n):
+        def run():
+            started.append(n)
+            if n == 0:
+                assert release.wait(WAIT_S)  # the first answers last
+            if n == 2:
+                raise FileNotFoundError(f"version {n}")
+            return n
+        return run
+
+    reads = read_ahead([read(n) for n in range(6)], at_once=3)
+    threading.Timer(0.05, release.set).start()
+    assert next(reads) == 0 and next(reads) == 1
+    assert sorted(started[:3]) == [0, 1, 2], "the first three were not asked for together"
+    with pytest.raises(FileNotFoundError, match="version 2"):
+        next(reads)
+    assert 5 not in started, "reads went on after the one that failed"
+    assert list(read_ahead([read(1), read(3)], at_once=1)) == [1, 3]  # one at a time: in the caller's thread
+
+
+def test_a_partition_loaded_afresh_reads_its_files_side_by_side():
+    store = _SideBySide(together=4)
+    spec = spec_for(store, running_count, GroupStateTimeout.NO_TIMEOUT)
+    worker = Worker(spec)
+    for batch in (1000, 2000, 3000, 4000):
+        worker.run(BatchParams(batch, batch - 1000 if batch > 1000 else None, 1, None), [("a", 1)], PARTITION)
+
+    store.waiting = True  # a restarted driver's worker: four deltas to read, all asked for at once
+    out, _ = Worker(spec).run(BatchParams(5000, 4000, 2, None), [("a", 1)], PARTITION)
+    assert out == [("a", 5)]
