@@ -77,8 +77,8 @@ from batchline.state.store import (
 )
 from batchline.streams.event_time import epoch_ms
 
-__all__ = ["PartitionCache", "PartitionEnd", "StateFunctionError", "StateTask", "Stats", "load_partition",
-           "run_partition", "spark_task"]
+__all__ = ["PartitionCache", "PartitionEnd", "StateFunctionError", "StateTask", "Stats", "beside_store",
+           "load_partition", "run_partition", "spark_task"]
 
 logger = logging.getLogger(__name__)
 
@@ -587,7 +587,7 @@ def _looked_up_and_cached(spec: OperatorSpec, params: BatchParams, partition: in
         if looked is not None:
             return looked, None, lookup_notes
         return None, _cached_partition(spec, params, partition, cache, cache_notes), lookup_notes + cache_notes
-    lookup = _beside(lambda: _finished_output(spec, params, partition, lookup_notes))
+    lookup = beside_store(lambda: _finished_output(spec, params, partition, lookup_notes))
     cached: _Cached | None = None
     try:
         cached = _cached_partition(spec, params, partition, cache, cache_notes)
@@ -609,7 +609,7 @@ def _run_loaded(spec: OperatorSpec, params: BatchParams, rows: list[pa.RecordBat
     delta_table = (changes if bulk is None
                    else pa.concat_tables([changes, bulk.changes.cast(changes.schema)]).combine_chunks())
     version = params.version_of(partition)
-    delta_written = _beside(lambda: spec.store.write_version(
+    delta_written = beside_store(lambda: spec.store.write_version(
         spec.generation, FileHeader(params.batch_time, partition, DELTA, first=version is None), delta_table))
     if delta_table.num_rows:
         cached.bytes_per_key = delta_table.nbytes / delta_table.num_rows
@@ -686,7 +686,7 @@ def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stat
         stats.delta_bytes = delta_written.result()
         return None
     journal = spec.journal
-    output_written = _beside(lambda: spec.store.write_version(
+    output_written = beside_store(lambda: spec.store.write_version(
         spec.generation, FileHeader(params.batch_time, partition, OUTPUT), output))
     try:
         check_token(journal.storage, params.token,
@@ -696,16 +696,16 @@ def _record_finish(spec: OperatorSpec, params: BatchParams, partition: int, stat
         output_written.result()
     finished = PartitionFinished(spec.operator, partition, spec.generation, params.batch_time, output.num_rows,
                                  stats.to_json(), params.token)
-    return _beside(lambda: journal.partition_finished(params.batch_time, finished))
+    return beside_store(lambda: journal.partition_finished(params.batch_time, finished))
 
 
 _store_threads: ThreadPoolExecutor | None = None
 _store_threads_lock = threading.Lock()
 
 
-def _beside(work: Callable[[], _T]) -> Future[_T]:
+def beside_store(work: Callable[[], _T]) -> Future[_T]:
     """``work`` (a read or a write of the store) on a thread of this process, beside the
-    task's own work; the task waits for it before it ends."""
+    caller's own work (a task's, or the driver's job); the caller waits for it."""
     global _store_threads
     with _store_threads_lock:
         if _store_threads is None:  # made in the worker that uses it: a forked worker has no threads of its parent

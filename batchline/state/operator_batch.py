@@ -9,6 +9,7 @@ forgets the batch: at its commit, or as long after as a window downstream reads 
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from pyspark.accumulators import Accumulator
@@ -30,6 +31,9 @@ class Started:
     running: frozenset[int]
     ending: bool
     watermark_ms: int | None
+    recorded: Future[None] | None = None
+    """The batch's operator record (its partition count, in the job event store), written
+    beside the batch's job; the operator's completion waits for it."""
 
 
 @dataclass

@@ -48,7 +48,7 @@ from batchline.scheduler.progress import StateOperatorProgress
 from batchline.spark import forget_accumulator
 from batchline.state import operator
 from batchline.state.contract import LATE_AT, RECENT_VERSIONS, BatchParams, OperatorSpec, PartitionFacts, Stats
-from batchline.state.execution import PartitionEnd, StateTask
+from batchline.state.execution import PartitionEnd, StateTask, beside_store
 from batchline.state.frames import write_state_frame
 from batchline.state.group_state import AtEnd, GroupStateTimeout, last_due
 from batchline.state.in_output_job import InOutputJob
@@ -640,11 +640,14 @@ class StatefulRuntime(StreamRuntime):
                 p for p in range(self.num_partitions) if p not in due and p not in self._drained))
             logger.debug("Operator %s runs only partitions %s in batch %s: their timers are due", self.name,
                          sorted(due), format_batch_time(batch_time))
+        recorded = None
         if self.metadata is not None:
-            self._checkpoint.events.operator_initialized(batch_time, OperatorInitialized(
-                self.name, self.metadata.num_partitions, self.metadata.generation))
+            # Beside the job, which needs nothing of it: on an object store, a round trip off its path.
+            events, record = self._checkpoint.events, OperatorInitialized(
+                self.name, self.metadata.num_partitions, self.metadata.generation)
+            recorded = beside_store(lambda: events.operator_initialized(batch_time, record))
         publish_batch_params(self.env.spark.sparkContext, self.name, params)
-        return Started(params, running, ending, watermark)
+        return Started(params, running, ending, watermark, recorded)
 
     def complete(self, batch_time: int, df: DataFrame, started: Started) -> None:
         """Run what no job ran yet, then take on what the tasks reported."""
@@ -656,6 +659,8 @@ class StatefulRuntime(StreamRuntime):
             # some rows): the DataFrame is persisted, so what it evaluated does not run again.
             run_batch_job(self.env.spark.sparkContext, self.name, started.params, df)
             stats = self.reported(batch_time, started.params)
+        if started.recorded is not None:
+            started.recorded.result()
         running, ending, watermark = started.running, started.ending, started.watermark_ms
         for note in dict.fromkeys(stats.warnings):  # a partition evaluated by two jobs says it twice
             logger.warning("Operator %s, batch %d: %s", self.name, batch_time, note)
