@@ -76,8 +76,9 @@ class CheckpointManager:
     def commit_batch(self, batch_time: int, operators: dict[str, OperatorProgress] | None = None,
                      lease_checked: bool = False) -> None:
         """The commit marker, under the lease: checked here unless the caller just did
-        (``lease_checked``, beside the batch's other commits)."""
-        if not lease_checked:
+        (``lease_checked``, beside the batch's other commits) and this driver has not let it
+        go since (a stop releases it)."""
+        if not lease_checked or self.lease.token is None:
             self.lease.check()
         self.events.batch_completed(batch_time, self.lease.token, operators)
 

@@ -256,6 +256,10 @@ class CheckpointStorage:
         self._one_get: dict[str, Any] = {"max_concurrency": 1} if self._create_kind is ExclusiveCreate.S3 else {}
         """What makes s3fs read a file in one GET, without asking for its size first."""
         self.exclusive_creates: bool = self._create_kind is not None
+        self.creates_whole: bool = self._create_kind in (ExclusiveCreate.S3, ExclusiveCreate.MEMORY)
+        """Whether a file created exclusively appears whole or not at all (S3's conditional PUT, a
+        memory store's dictionary); a local one is created, then written and synced, so a crash
+        may leave it torn."""
         if warn and not self.exclusive_creates:
             self._warn_no_exclusive_creates()
 
@@ -559,8 +563,14 @@ class CheckpointStorage:
         on_s3 = [place for place in map(self._on_s3, paths) if place is not None]
         for start in range(0, len(on_s3), 1000):  # a key that is not there is no error to S3
             chunk = on_s3[start:start + 1000]
-            self.fs.call_s3("delete_objects", Bucket=chunk[0][0],
-                            Delete={"Objects": [{"Key": key} for _, key in chunk], "Quiet": True})
+            answer = self.fs.call_s3("delete_objects", Bucket=chunk[0][0],
+                                     Delete={"Objects": [{"Key": key} for _, key in chunk], "Quiet": True})
+            # Quiet: S3 answers with the keys it could not delete only, each with its reason.
+            failed = (answer or {}).get("Errors") or []
+            if failed:
+                first = failed[0]
+                raise OSError(f"S3 did not delete {len(failed)} of {len(chunk)} files, e.g. {first.get('Key')}: "
+                              f"{first.get('Code')} ({first.get('Message')})")
         if on_s3:
             for path in paths:
                 self._forget_listings(path)

@@ -32,8 +32,8 @@ class Started:
     ending: bool
     watermark_ms: int | None
     recorded: Future[None] | None = None
-    """The batch's operator record (its partition count, in the job event store), written
-    beside the batch's job; the operator's completion waits for it."""
+    """The batch's operator record (its partition count, in the job event store), being
+    written beside the batch's job on S3; the operator's completion waits for it."""
 
 
 @dataclass

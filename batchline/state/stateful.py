@@ -642,10 +642,15 @@ class StatefulRuntime(StreamRuntime):
                          sorted(due), format_batch_time(batch_time))
         recorded = None
         if self.metadata is not None:
-            # Beside the job, which needs nothing of it: on an object store, a round trip off its path.
             events, record = self._checkpoint.events, OperatorInitialized(
                 self.name, self.metadata.num_partitions, self.metadata.generation)
-            recorded = beside_store(lambda: events.operator_initialized(batch_time, record))
+            if events.storage.creates_whole:
+                # Beside the job, which needs nothing of it: on S3, a round trip off its path.
+                recorded = beside_store(lambda: events.operator_initialized(batch_time, record))
+            else:
+                # Before the job: its tasks' finish records would follow a record a crash tore,
+                # which a restart takes for a damaged disk (``JobEventStore``'s torn records).
+                events.operator_initialized(batch_time, record)
         publish_batch_params(self.env.spark.sparkContext, self.name, params)
         return Started(params, running, ending, watermark, recorded)
 
