@@ -569,8 +569,10 @@ class CheckpointStorage:
             failed = (answer or {}).get("Errors") or []
             if failed:
                 first = failed[0]
-                raise OSError(f"S3 did not delete {len(failed)} of {len(chunk)} files, e.g. {first.get('Key')}: "
-                              f"{first.get('Code')} ({first.get('Message')})")
+                kind = PermissionError if first.get("Code") == "AccessDenied" else OSError
+                raise kind(f"S3 did not delete {len(failed)} of {len(chunk)} files under s3://{chunk[0][0]}, e.g. "
+                           f"{first.get('Key')}: {first.get('Code')} ({first.get('Message')}); check that the "
+                           "credentials may delete there (s3:DeleteObject)")
         if on_s3:
             for path in paths:
                 self._forget_listings(path)

@@ -226,3 +226,20 @@ def test_a_state_partition_s_purge_deletes_its_old_files_in_one_request(s3_stora
     assert store.purge(0, 3, retain=2, committed_through=4000) == 4 + 3
     assert sent.take() == ["ListObjectsV2", "DeleteObjects"]
     assert store.list_versions(0, 3) == {4000: {DELTA, SNAPSHOT}, 5000: {DELTA, OUTPUT}}
+
+
+def test_files_s3_refuses_to_delete_in_bulk_fail_the_deletion_naming_what_to_check(s3_storage, monkeypatch):
+    s3_storage.write_new("old/1000.arrow", b"a delta")
+    sent = s3_storage.fs.call_s3
+
+    def refusing(method, *args, **kwargs):
+        if method != "delete_objects":
+            return sent(method, *args, **kwargs)
+        return {"Errors": [{"Key": kwargs["Delete"]["Objects"][0]["Key"], "Code": "AccessDenied",
+                            "Message": "Access Denied"}]}
+
+    monkeypatch.setattr(s3_storage.fs, "call_s3", refusing)
+    with pytest.raises(PermissionError, match=r"did not delete 1 of 1 files .*AccessDenied.*s3:DeleteObject"):
+        s3_storage.delete_files(["old/1000.arrow"])
+    monkeypatch.undo()
+    assert s3_storage.find_files("old") == ["old/1000.arrow"]
