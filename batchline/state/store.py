@@ -406,10 +406,11 @@ class StateStore(abc.ABC):
                 if v <= committed_through and OUTPUT in versions[v]:
                     going.append((v, OUTPUT))
                     versions[v].discard(OUTPUT)
-        oldest_kept = ordered[-retain] if len(ordered) > retain else None
-        floors = [v for v in ordered if oldest_kept is not None and v <= oldest_kept and SNAPSHOT in versions[v]]
-        if floors:
-            going += [(v, kind) for v in ordered if v < floors[-1] for kind in sorted(versions[v])]
+        if len(ordered) > retain:
+            oldest_kept = ordered[-retain]
+            floors = [v for v in ordered if v <= oldest_kept and SNAPSHOT in versions[v]]
+            if floors:
+                going += [(v, kind) for v in ordered if v < floors[-1] for kind in sorted(versions[v])]
         self.delete_versions(generation, partition, going)  # on an object store, one request
         return len(going)
 
